@@ -17,7 +17,9 @@ class Batching(BaseModel):
     """Batching knobs of one model; any field left unset falls back to the model's own default."""
 
     max_batch_size: int | None = Field(default=None, ge=1, description="N: flush at this many items")
-    max_wait_ms: float | None = Field(default=None, ge=0, description="T: flush when the oldest item waited this long")
+    max_wait_ms: float | None = Field(
+        default=None, ge=0, description="T: flush when the oldest item waited this long"
+    )
 
 
 class Settings(BaseSettings):
@@ -25,10 +27,15 @@ class Settings(BaseSettings):
 
     broker_url: str = "memory://"
     database_url: str = "sqlite:///batchwork.db"
-    device: str = Field(default="auto", description="auto (CUDA when present, else CPU), cpu, cuda, cuda:1 ...")
+    device: str = Field(
+        default="auto", description="auto (CUDA when present, else CPU), cpu, cuda, cuda:1 ..."
+    )
 
     # Per-model batching, e.g. BATCHWORK_BATCHING='{"minilm": {"max_batch_size": 32, "max_wait_ms": 20}}'.
     batching: dict[str, Batching] = Field(default_factory=dict)
+
+    # Models a worker loads at start instead of on their first message, e.g. '["minilm"]'.
+    preload: list[str] = Field(default_factory=list)
 
     queue: str = "batchwork"
     # How many messages one worker holds unacknowledged. It must exceed the largest N so the next batch

@@ -15,7 +15,12 @@ if TYPE_CHECKING:
 
 
 class InvalidInput(ValueError):
-    """An input the model cannot take; the message names the item and the field."""
+    """An input that cannot run; the message names the item (when there is one) and the field."""
+
+    def __init__(self, detail: str, index: int | None = None) -> None:
+        self.detail = detail
+        self.index = index
+        super().__init__(detail if index is None else f"item {index}: {detail}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +73,14 @@ def text_of(index: int, item: object, max_chars: int) -> str:
     """The text of a text-model input: a string, or an object with a string field ``text``."""
     if isinstance(item, dict):
         if "text" not in item:
-            raise InvalidInput(f"item {index}: missing field 'text'")
+            raise InvalidInput("missing field 'text'", index)
         item = item["text"]
     elif not isinstance(item, str):
-        raise InvalidInput(f"item {index}: expected a string or an object with field 'text'")
+        raise InvalidInput("expected a string or an object with field 'text'", index)
     if not isinstance(item, str):
-        raise InvalidInput(f"item {index}: field 'text' must be a string")
+        raise InvalidInput("field 'text' must be a string", index)
     if not item.strip():
-        raise InvalidInput(f"item {index}: field 'text' is empty")
+        raise InvalidInput("field 'text' is empty", index)
     if len(item) > max_chars:
-        raise InvalidInput(f"item {index}: field 'text' has {len(item)} characters, over the limit of {max_chars}")
+        raise InvalidInput(f"field 'text' has {len(item)} characters, over the limit of {max_chars}", index)
     return item

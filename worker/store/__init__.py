@@ -1,0 +1,9 @@
+"""The SQL edge of batchwork: jobs, per-item results and batch records, on PostgreSQL or SQLite.
+
+Import from here; the store must never import the runtime, the scheduler or a model.
+"""
+
+from worker.store.db import make_engine
+from worker.store.results import BatchRecord, ItemOutcome, JobSpec, JobStatus, ResultStore
+
+__all__ = ["BatchRecord", "ItemOutcome", "JobSpec", "JobStatus", "ResultStore", "make_engine"]

@@ -1,0 +1,766 @@
+"""End-to-end throughput of batchwork on real Redis + PostgreSQL, each figure a ratio measured in one run.
+
+1. MiniLM: our model in a plain loop (raw) vs the same corpus through submit -> worker -> SQL (pipeline).
+2. noop, many single-item calls: batchwork ``infer.delay`` vs plain Celery vs celery-batches.
+3. noop, one large ``submit``: items/s, and the time inside submit vs the worker's drain.
+Prints tables, never asserts, cleans up its Redis database, PostgreSQL schema and workers. Run from the
+repository root: ``python -m bench.pipeline [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import redis
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+
+from bench import processes, spy
+from bench.processes import WorkerProcess, python_module
+
+# The integration tests claim Redis databases 1..15 with these keys in database 0; the bench does the same
+# so a test run and a bench run on one machine never share a database.
+CLAIM_KEY = "batchwork:test-db-claim:{}"
+CLAIM_TTL_S = 1800
+POLL_S = 0.02
+
+
+# -- set-up ------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller figures (about 3 minutes)")
+    p.add_argument("--sections", default="1,2,3", help="which figures to run, e.g. 1,3")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379")
+    p.add_argument("--redis-db", type=int, default=14, help="flushed before and after")
+    p.add_argument("--postgres-url", default="postgresql+psycopg://root@127.0.0.1:5432/test")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--timeout-s", type=float, default=240, help="give up on one measured phase after this")
+    p.add_argument("--py-spy", type=Path, default=None, metavar="DIR", help="sample each worker with py-spy")
+    p.add_argument(
+        "--profile-producer",
+        action="store_true",
+        help="cProfile batchwork's producer: the delay calls of figure 2 (end to end), submit of figure 3",
+    )
+    g = p.add_argument_group("figure 1: MiniLM")
+    g.add_argument("--minilm-n", type=int, default=64, help="N, raw batch size and max_batch_size")
+    g.add_argument("--minilm-wait-ms", type=float, default=50)
+    g.add_argument("--minilm-items", type=int, default=None, help="corpus size (default 2000, quick 600)")
+    g.add_argument(
+        "--minilm-reps", type=int, default=None, help="raw/pipeline alternations (default 2, quick 1)"
+    )
+    g = p.add_argument_group("figure 2: noop, many single-item calls")
+    g.add_argument("--calls", type=int, default=None, help="items, one call each (default 5000, quick 2000)")
+    g.add_argument("--plain-pool", default="prefork", choices=["prefork", "solo", "threads"])
+    g.add_argument("--plain-concurrency", type=int, default=2)
+    g.add_argument(
+        "--plain-prefetch", type=int, default=4, help="worker_prefetch_multiplier (Celery's default)"
+    )
+    g.add_argument("--flush-every", type=int, default=256, help="celery-batches flush_every")
+    g.add_argument("--flush-interval-s", type=float, default=0.05, help="celery-batches flush_interval")
+    g.add_argument(
+        "--batches-prefetch", type=int, default=1024, help="celery-batches worker_prefetch_multiplier"
+    )
+    g = p.add_argument_group("figure 3: noop, one large submit")
+    g.add_argument("--submit-items", type=int, default=None, help="default 200000, quick 50000")
+    g.add_argument("--noop-n", type=int, default=None, help="noop max_batch_size (default: the model's own)")
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.minilm_items = args.minilm_items or (600 if quick else 2000)
+    args.minilm_reps = args.minilm_reps or (1 if quick else 2)
+    args.calls = args.calls or (2000 if quick else 5000)
+    args.submit_items = args.submit_items or (50_000 if quick else 200_000)
+    args.sections = {int(s) for s in args.sections.split(",") if s.strip()}
+    return args
+
+
+@dataclass
+class Services:
+    broker_url: str
+    database_url: str
+    schema: str
+    db: Engine  # on the bench schema
+    admin: Engine  # on the database, for creating and dropping the schema
+    broker: redis.Redis
+    claims: redis.Redis
+    redis_db: int
+
+    def worker_env(self, **settings: Any) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("BATCHWORK_", "BENCH_"))}
+        env.update(
+            BATCHWORK_BROKER_URL=self.broker_url,
+            BATCHWORK_DATABASE_URL=self.database_url,
+            BENCH_BROKER_URL=self.broker_url,
+            BENCH_DATABASE_URL=self.database_url,
+            HF_HUB_OFFLINE="1",
+            PYTHONPATH=str(processes.ROOT),
+            PYTHONUNBUFFERED="1",
+        )
+        for name, value in settings.items():
+            env[name] = value if isinstance(value, str) else json.dumps(value)
+        return env
+
+    def truncate(self) -> None:
+        with self.db.begin() as conn:
+            conn.execute(text("TRUNCATE results, jobs, batches, bench_results"))
+
+
+def claim_redis(base_url: str, wanted: int) -> tuple[redis.Redis, int]:
+    claims = redis.Redis.from_url(f"{base_url}/0")
+    for number in [wanted, *range(15, 0, -1)]:
+        if claims.set(CLAIM_KEY.format(number), f"bench {os.getpid()}", nx=True, ex=CLAIM_TTL_S):
+            return claims, number
+    raise RuntimeError("every Redis database 1..15 is claimed by a test or bench run; try again later")
+
+
+@contextmanager
+def services(args: argparse.Namespace) -> Iterator[Services]:
+    base = args.redis_url.rstrip("/")
+    claims, number = claim_redis(base, args.redis_db)
+    broker_url = f"{base}/{number}"
+    client = redis.Redis.from_url(broker_url)
+    client.flushdb()
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(args.postgres_url)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(args.postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    database_url = url.render_as_string(hide_password=False)
+    db = create_engine(database_url)
+    found = Services(broker_url, database_url, schema, db, admin, client, claims, number)
+    try:
+        _prepare_process(found)
+        yield found
+    finally:
+        processes.stop_all()
+        db.dispose()
+        if "worker.tasks" in sys.modules:
+            sys.modules["worker.tasks"].job_store(database_url).close()
+        with admin.begin() as conn:
+            conn.execute(text("SET LOCAL lock_timeout = '10s'"))
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+        client.flushdb()
+        client.close()
+        claims.delete(CLAIM_KEY.format(number))
+        claims.close()
+
+
+def _prepare_process(found: Services) -> None:
+    """Migrate, and point this process's settings at the bench services before any worker module loads."""
+    for name in [k for k in os.environ if k.startswith(("BATCHWORK_", "BENCH_"))]:
+        del os.environ[name]
+    os.environ.update(
+        BATCHWORK_BROKER_URL=found.broker_url,
+        BATCHWORK_DATABASE_URL=found.database_url,
+        BENCH_BROKER_URL=found.broker_url,
+        BENCH_DATABASE_URL=found.database_url,
+    )
+    if "worker.settings" in sys.modules:
+        raise RuntimeError(
+            "worker modules were imported before the bench set BATCHWORK_* (settings read once)"
+        )
+    from bench.baselines import metadata
+    from worker.store.schema import migrate
+
+    migrate(found.database_url)
+    metadata.create_all(found.db)
+
+
+# -- measuring helpers -------------------------------------------------------------------------
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [[_cell(value) for value in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    print(
+        "  "
+        + "  ".join(
+            h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths, strict=True))
+        )
+    )
+    print("  " + "  ".join("-" * w for w in widths))
+    for row in cells:
+        print(
+            "  "
+            + "  ".join(
+                c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return str(value)
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if a == a and b == b and b > 0 else "n/a"
+
+
+def print_problems(workers: Sequence[WorkerProcess], limit: int = 20) -> None:
+    for worker in workers:
+        lines = worker.problems()
+        if not lines:
+            print(f"  worker {worker.name}: no warnings or errors logged")
+            continue
+        print(f"  worker {worker.name}: {len(lines)} warning/error lines, first {min(limit, len(lines))}:")
+        for line in lines[:limit]:
+            print(f"    {line[:300]}")
+
+
+def epoch(value: datetime | None) -> float:
+    return float("nan") if value is None else value.timestamp()
+
+
+@dataclass
+class Rows:
+    """What a results table holds: how many rows, when the first and last were written."""
+
+    count: int
+    first: float
+    last: float
+    after_first: int  # rows written after the first write (the first batch's rows are not)
+
+    def commit_rate(self) -> float:
+        span = self.last - self.first
+        return self.after_first / span if span > 0 else float("nan")
+
+
+def rows(services: Services, table: str) -> Rows:
+    query = text(
+        f"SELECT count(*), min(created_at), max(created_at), "
+        f"count(*) FILTER (WHERE created_at > (SELECT min(created_at) FROM {table})) FROM {table}"
+    )
+    with services.db.connect() as conn:
+        count, first, last, after = conn.execute(query).one()
+    return Rows(count, epoch(first), epoch(last), after)
+
+
+def wait_rows(services: Services, table: str, total: int, timeout_s: float) -> Rows:
+    """Poll until ``total`` rows are stored (or the timeout); the caller reads the write times."""
+    deadline = time.monotonic() + timeout_s
+    query = text(f"SELECT count(*) FROM {table}")
+    while True:
+        with services.db.connect() as conn:
+            count = conn.execute(query).scalar_one()
+        if count >= total or time.monotonic() > deadline:
+            break
+        time.sleep(POLL_S)
+    found = rows(services, table)
+    if found.count < total:
+        print(f"  !! timed out after {timeout_s:.0f} s with {found.count}/{total} rows in {table}")
+    return found
+
+
+def wait_job(job_id: str, timeout_s: float) -> Any:
+    from worker.client import FINISHED, status
+
+    deadline = time.monotonic() + timeout_s
+    while (job := status(job_id)).state not in FINISHED:
+        if time.monotonic() > deadline:
+            print(f"  !! job {job_id} still {job.state} after {timeout_s:.0f} s ({job.done}/{job.total})")
+            return job
+        time.sleep(POLL_S)
+    return job
+
+
+def batch_stats(services: Services) -> tuple[int, float, float, float]:
+    """Batches stored so far: count, mean size, total run_ms, padded/real tokens."""
+    query = text(
+        "SELECT count(*), avg(size), sum(run_ms), sum(padded_tokens)::float / nullif(sum(real_tokens), 0) "
+        "FROM batches"
+    )
+    with services.db.connect() as conn:
+        count, size, run_ms, padding = conn.execute(query).one()
+    return count, float(size or 0), float(run_ms or 0), float(padding or float("nan"))
+
+
+def batchwork_worker(services: Services, name: str, **settings: Any) -> WorkerProcess:
+    env = services.worker_env(**{f"BATCHWORK_{k.upper()}": v for k, v in settings.items()})
+    argv = python_module("worker.cli", "worker", "--loglevel=INFO", "--hostname", f"{name}@bench")
+    return WorkerProcess(argv, env, name)
+
+
+# -- figure 1: MiniLM raw vs pipeline ----------------------------------------------------------
+
+
+def minilm_section(args: argparse.Namespace, services: Services) -> None:
+    import torch
+
+    from bench.minilm_batch_curve import corpus
+    from worker.client import submit
+    from worker.models.device import resolve_device
+    from worker.models.minilm import MiniLM
+    from worker.settings import Settings
+
+    n, texts = args.minilm_n, corpus(args.minilm_items, args.seed)
+    print(
+        f"\n== 1. MiniLM raw vs pipeline: {len(texts)} sentences of 5-40 words (seed {args.seed}), N={n}, "
+        f"max_wait_ms={args.minilm_wait_ms:g}, reps={args.minilm_reps}, "
+        f"torch threads={torch.get_num_threads()}"
+    )
+    model = MiniLM(Settings())
+    model.load(resolve_device("auto"))
+    batches = [texts[i : i + n] for i in range(0, len(texts), n)]
+
+    def raw() -> tuple[float, float, float]:
+        prepare_s = forward_s = 0.0
+        started = time.perf_counter()
+        for batch in batches:
+            t0 = time.perf_counter()
+            payloads = [prepared.payload for prepared in model.prepare(batch)]
+            t1 = time.perf_counter()
+            model.forward(payloads)
+            prepare_s, forward_s = prepare_s + t1 - t0, forward_s + time.perf_counter() - t1
+        return len(texts) / (time.perf_counter() - started), prepare_s, forward_s
+
+    worker = batchwork_worker(
+        services,
+        "minilm",
+        batching={"minilm": {"max_batch_size": n, "max_wait_ms": args.minilm_wait_ms}},
+        preload=["minilm"],
+    )
+    worker.wait_ready()
+    wait_job(submit("minilm", texts[: 4 * n]), args.timeout_s)  # warm-up: first shapes allocate
+    for batch in batches[:4]:
+        model.forward([prepared.payload for prepared in model.prepare(batch)])
+
+    table = []
+    raw_rates, pipe_rates = [], []
+    for rep in range(args.minilm_reps):
+        worker.pause()  # an idle worker still wakes every 5 ms (its ack timer); keep it off the CPU here
+        try:
+            rate, prepare_s, forward_s = raw()
+        finally:
+            worker.resume()
+        raw_rates.append(rate)
+        table.append(
+            [f"raw #{rep + 1}", rate, f"{prepare_s:.2f}", f"{forward_s:.2f}", len(batches), n, "", ""]
+        )
+        services.truncate()
+        with spy.record(worker.pid, args.py_spy, f"minilm-pipeline-{rep + 1}"):
+            started = time.time()
+            job = wait_job(submit("minilm", texts), args.timeout_s)
+        rate = job.done / (epoch(job.finished_at) - started)
+        pipe_rates.append(rate)
+        count, size, run_ms, padding = batch_stats(services)
+        busy = run_ms / 1000 / (epoch(job.finished_at) - started)
+        table.append(
+            [
+                f"pipeline #{rep + 1}",
+                rate,
+                "",
+                f"{run_ms / 1000:.2f}",
+                count,
+                f"{size:.1f}",
+                f"{padding:.2f}",
+                f"{busy:.0%}",
+            ]
+        )
+    print_table(
+        ["run", "items/s", "prepare s", "forward s", "batches", "mean N", "padded/real", "model busy"], table
+    )
+    raw_rate, pipe_rate = statistics.median(raw_rates), statistics.median(pipe_rates)
+    print(
+        f"  median raw {raw_rate:,.0f} items/s, pipeline {pipe_rate:,.0f} items/s: "
+        f"pipeline/raw = {ratio(pipe_rate, raw_rate)} (target >= 0.90)"
+    )
+    print(
+        "  (forward s of a pipeline run is the worker's sum of batches.run_ms; model busy = that / wall time)"
+    )
+    worker.stop()
+    print_problems([worker])
+    services.truncate()
+
+
+# -- figure 2: noop, many single-item calls -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    table: str
+    start: Callable[[], WorkerProcess]
+    publish: Callable[[int, str], object]
+
+
+def noop_calls_section(args: argparse.Namespace, services: Services) -> None:
+    from bench.baselines import BATCHES_QUEUE, PLAIN_QUEUE, batches_store, plain_store
+    from worker.tasks import infer
+
+    items = [f"item {i}: the quick brown fox jumps over the lazy dog" for i in range(args.calls)]
+    print(
+        f"\n== 2. noop, {len(items)} single-item calls, each system alone on the same Redis db "
+        f"{services.redis_db} and PostgreSQL schema {services.schema}"
+    )
+    print("  batchwork: infer.delay(model='noop', inputs=[text]); worker `batchwork worker`, noop's own N/T")
+    print(
+        f"  plain: one task per item, one INSERT each; "
+        f"celery -P {args.plain_pool} -c {args.plain_concurrency} "
+        f"--prefetch-multiplier {args.plain_prefetch}, acks_late, JSON"
+    )
+    print(
+        f"  celery-batches: flush_every={args.flush_every} "
+        f"flush_interval={args.flush_interval_s:g} s, one bulk "
+        f"INSERT per flush; celery -P solo --prefetch-multiplier {args.batches_prefetch}, acks_late, JSON"
+    )
+
+    def celery_worker(name: str, queue: str, *options: str, **env: Any) -> WorkerProcess:
+        argv = python_module(
+            "celery",
+            "-A",
+            "bench.baselines",
+            "worker",
+            "-Q",
+            queue,
+            "--loglevel=INFO",
+            "--hostname",
+            f"{name}@bench",
+            "--without-mingle",
+            "--without-gossip",
+            "--without-heartbeat",
+            *options,
+        )
+        return WorkerProcess(argv, services.worker_env(**env), name)
+
+    systems = [
+        System(
+            "batchwork",
+            "results",
+            lambda: batchwork_worker(services, "noop-calls"),
+            lambda i, item: infer.delay(model="noop", inputs=[item]),
+        ),
+        System(
+            "plain",
+            "bench_results",
+            lambda: celery_worker(
+                "plain",
+                PLAIN_QUEUE,
+                "-P",
+                args.plain_pool,
+                "-c",
+                str(args.plain_concurrency),
+                "--prefetch-multiplier",
+                str(args.plain_prefetch),
+            ),
+            lambda i, item: plain_store.delay(i, item),
+        ),
+        System(
+            "celery-batches",
+            "bench_results",
+            lambda: celery_worker(
+                "batches",
+                BATCHES_QUEUE,
+                "-P",
+                "solo",
+                "--prefetch-multiplier",
+                str(args.batches_prefetch),
+                BENCH_FLUSH_EVERY=str(args.flush_every),
+                BENCH_FLUSH_INTERVAL_S=str(args.flush_interval_s),
+            ),
+            lambda i, item: batches_store.delay(i, item),
+        ),
+    ]
+    table: list[list[object]] = []
+    rates: dict[str, tuple[float, float]] = {}
+    workers: list[WorkerProcess] = []
+    for system in systems:
+        rates[system.name] = measure_calls(args, services, system, items, table, workers)
+    print_table(
+        [
+            "system",
+            "phase",
+            "publish items/s",
+            "items/s",
+            "items/s first->last write",
+            "wall s",
+            "batches (mean size)",
+        ],
+        table,
+    )
+    e2e = {name: r[0] for name, r in rates.items()}
+    drain = {name: r[1] for name, r in rates.items()}
+    print_table(
+        ["ratio", "end-to-end", "drain (pre-filled queue)", "target"],
+        [
+            [
+                "batchwork / celery-batches",
+                ratio(e2e["batchwork"], e2e["celery-batches"]),
+                ratio(drain["batchwork"], drain["celery-batches"]),
+                ">= 3x",
+            ],
+            [
+                "batchwork / plain",
+                ratio(e2e["batchwork"], e2e["plain"]),
+                ratio(drain["batchwork"], drain["plain"]),
+                "",
+            ],
+        ],
+    )
+    print(
+        "  end-to-end: from the first publish until the last result row is written, worker already running;"
+    )
+    print(
+        "  drain: everything published with no worker, then from the worker's 'ready.' line to the last row."
+    )
+    print_problems(workers)
+
+
+def measure_calls(
+    args: argparse.Namespace,
+    services: Services,
+    system: System,
+    items: list[str],
+    table: list[list[object]],
+    workers: list[WorkerProcess],
+) -> tuple[float, float]:
+    """Drain a pre-filled queue, then run end to end with the same worker; (end-to-end, drain) items/s."""
+    total = len(items)
+    services.truncate()
+    started = time.time()
+    for i, item in enumerate(items):
+        system.publish(i, item)
+    publish_rate = total / (time.time() - started)
+    worker = system.start()
+    workers.append(worker)
+    try:
+        ready = worker.wait_ready()
+        with spy.record(worker.pid, args.py_spy, f"calls-{system.name}-drain"):
+            found = wait_rows(services, system.table, total, args.timeout_s)
+        drain = found.count / (found.last - ready)
+        table.append(
+            [
+                system.name,
+                "drain",
+                publish_rate,
+                drain,
+                found.commit_rate(),
+                f"{found.last - ready:.2f}",
+                _batches(services, system),
+            ]
+        )
+
+        services.truncate()
+        profiler = _profiler(args.profile_producer and system.name == "batchwork")
+        with spy.record(worker.pid, args.py_spy, f"calls-{system.name}-e2e"):
+            started = time.time()
+            profiler.enable() if profiler else None
+            for i, item in enumerate(items):
+                system.publish(i, item)
+            profiler.disable() if profiler else None
+            published = time.time()
+            found = wait_rows(services, system.table, total, args.timeout_s)
+        e2e = found.count / (found.last - started)
+        table.append(
+            [
+                system.name,
+                "end-to-end",
+                total / (published - started),
+                e2e,
+                found.commit_rate(),
+                f"{found.last - started:.2f}",
+                _batches(services, system),
+            ]
+        )
+        if profiler:
+            _print_profile(profiler, f"{total} infer.delay calls")
+    finally:
+        worker.stop()
+    return e2e, drain
+
+
+def _batches(services: Services, system: System) -> str:
+    if system.name != "batchwork":
+        return ""
+    count, size, _, _ = batch_stats(services)
+    return f"{count} ({size:.1f})"
+
+
+# -- figure 3: noop, one large submit -------------------------------------------------------------
+
+
+class Stopwatch:
+    """Accumulates the time spent in wrapped functions (the bench wraps names in worker.client)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def wrap(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*a: Any, **kw: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*a, **kw)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+                self.calls[name] = self.calls.get(name, 0) + 1
+
+        return timed
+
+
+def noop_submit_section(args: argparse.Namespace, services: Services) -> None:
+    import worker.client as client_module
+    from worker.client import submit
+    from worker.settings import get_settings
+    from worker.store.results import ResultStore
+
+    total = args.submit_items
+    settings = get_settings()
+    knobs = {"noop": {"max_batch_size": args.noop_n}} if args.noop_n else {}
+    print(
+        f"\n== 3. noop, one submit of {total:,} items (submit_chunk_size={settings.submit_chunk_size}, "
+        f"noop N={args.noop_n or 'model default'}, prefetch_count={settings.prefetch_count})"
+    )
+    inputs = [f"item {i}: the quick brown fox jumps over the lazy dog" for i in range(total)]
+    worker = batchwork_worker(services, "noop-submit", batching=knobs)
+    try:
+        worker.wait_ready()
+        wait_job(submit("noop", inputs[:2000]), args.timeout_s)  # warm-up: connections, first batches
+        services.truncate()
+
+        watch = Stopwatch()
+        originals = {name: getattr(client_module, name) for name in ("parse_call", "check_items", "publish")}
+        original_create = ResultStore.create_job
+        for name, function in originals.items():
+            setattr(client_module, name, watch.wrap(name, function))
+        ResultStore.create_job = watch.wrap("create_job", original_create)  # type: ignore[method-assign]
+        profiler = _profiler(args.profile_producer)
+        try:
+            with spy.record(worker.pid, args.py_spy, "submit-worker"):
+                started = time.time()
+                profiler.enable() if profiler else None
+                job_id = submit("noop", inputs)
+                profiler.disable() if profiler else None
+                submitted = time.time()
+                job = wait_job(job_id, args.timeout_s)
+        finally:
+            for name, function in originals.items():
+                setattr(client_module, name, function)
+            ResultStore.create_job = original_create  # type: ignore[method-assign]
+        finished = epoch(job.finished_at)
+        count, size, run_ms, _ = batch_stats(services)
+        first_batch = _first_batch_start(services)
+        submit_s = submitted - started
+        parts = [
+            (name, watch.seconds.get(name, 0.0), watch.calls.get(name, 0))
+            for name in ("parse_call", "check_items", "create_job", "publish")
+        ]
+        other = submit_s - sum(seconds for _, seconds, _ in parts)
+        print_table(
+            ["in submit()", "s", "calls", "share"],
+            [[name, f"{s:.3f}", calls, f"{s / submit_s:.0%}"] for name, s, calls in parts]
+            + [
+                ["other (chunking, producer)", f"{other:.3f}", "", f"{other / submit_s:.0%}"],
+                ["submit total", f"{submit_s:.3f}", 1, "100%"],
+            ],
+        )
+        print_table(
+            ["phase", "s", "items/s"],
+            [
+                ["submit() call", f"{submit_s:.2f}", total / submit_s],
+                ["after submit returned, until finished", f"{finished - submitted:.2f}", ""],
+                [
+                    "worker: first batch start -> finished",
+                    f"{finished - first_batch:.2f}",
+                    job.done / (finished - first_batch),
+                ],
+                [
+                    "end to end: submit call -> succeeded",
+                    f"{finished - started:.2f}",
+                    job.done / (finished - started),
+                ],
+            ],
+        )
+        print(
+            f"  job {job.state}: {job.done} done, {job.failed} failed; "
+            f"{count} batches, mean size {size:.0f}, "
+            f"model run {run_ms / 1000:.2f} s in all"
+        )
+        print(f"  end to end {job.done / (finished - started):,.0f} items/s (target >= 20,000)")
+        if profiler:
+            _print_profile(profiler)
+    finally:
+        worker.stop()
+    print_problems([worker])
+    services.truncate()
+
+
+def _first_batch_start(services: Services) -> float:
+    with services.db.connect() as conn:
+        return epoch(conn.execute(text("SELECT min(started_at) FROM batches")).scalar_one())
+
+
+def _profiler(enabled: bool) -> Any:
+    if not enabled:
+        return None
+    import cProfile
+
+    return cProfile.Profile()
+
+
+def _print_profile(profiler: Any, what: str = "submit()") -> None:
+    import io
+    import pstats
+
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out).sort_stats("cumulative")
+    stats.print_stats(25)
+    print(f"  cProfile of {what} in the bench process (cumulative):")
+    print("\n".join("    " + line for line in out.getvalue().splitlines() if line.strip()))
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(15)
+    print(f"  cProfile of {what} in the bench process (self time):")
+    print("\n".join("    " + line for line in out.getvalue().splitlines() if line.strip()))
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+
+    def on_term(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    print(f"bench.pipeline {' '.join(sys.argv[1:]) or '(defaults)'}")
+    print("knobs: " + ", ".join(f"{k}={v}" for k, v in sorted(vars(args).items())))
+    print(
+        f"host: {os.cpu_count()} cpus, Python {platform.python_version()}, "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}"
+    )
+    began = time.monotonic()
+    try:
+        with services(args) as found:
+            print(f"services: Redis db {found.redis_db}, PostgreSQL schema {found.schema}")
+            if 1 in args.sections:
+                minilm_section(args, found)
+            if 2 in args.sections:
+                noop_calls_section(args, found)
+            if 3 in args.sections:
+                noop_submit_section(args, found)
+    except KeyboardInterrupt:
+        print("\ninterrupted; workers stopped, Redis database flushed, schema dropped", file=sys.stderr)
+        raise SystemExit(130) from None
+    print(f"\nbench finished in {time.monotonic() - began:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

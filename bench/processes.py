@@ -1,0 +1,118 @@
+"""Worker subprocesses for the benches: start, wait for their ready line, pause, stop, and keep their log.
+
+Every process started here is in its own session (process group), so stopping it also stops the children
+of a prefork pool; ``stop_all`` ends exactly the groups this module started, on exit or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Celery's own "celery@host ready." line is logged right before the consumer enters its event loop, so it
+# marks the moment a worker starts taking messages; a batching worker logs "batchwork engine ready" first.
+CELERY_READY = re.compile(r"@\S+ ready\.")
+# A Celery log line carries its level as ": ERROR/MainProcess]"; tracebacks have no level of their own.
+PROBLEM = re.compile(r": (WARNING|ERROR|CRITICAL)/|Traceback|Error:")
+
+_started: list[WorkerProcess] = []
+
+
+class WorkerProcess:
+    """One worker command in a subprocess; its log lines and the wall time of its ready line are kept."""
+
+    def __init__(
+        self, argv: Sequence[str], env: dict[str, str], name: str, ready: re.Pattern[str] = CELERY_READY
+    ):
+        self.name = name
+        self.log: list[str] = []
+        self.started_at = time.time()
+        self.ready_at: float | None = None
+        self._ready_line = ready
+        self._ready = threading.Event()
+        self.proc = subprocess.Popen(
+            list(argv),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        _started.append(self)
+        threading.Thread(target=self._read, name=f"log-{name}", daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.append(line.rstrip())
+            if not self._ready.is_set() and self._ready_line.search(line):
+                self.ready_at = time.time()
+                self._ready.set()
+
+    def wait_ready(self, timeout_s: float = 120) -> float:
+        """Wall time of the ready line; RuntimeError with the log's tail if it never comes."""
+        deadline = time.monotonic() + timeout_s
+        while not self._ready.wait(0.2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = "\n".join(self.log[-30:])
+                raise RuntimeError(f"worker {self.name} did not start (exit {self.proc.poll()}):\n{tail}")
+        assert self.ready_at is not None
+        return self.ready_at
+
+    def pause(self) -> None:
+        """SIGSTOP the whole group, so an idle worker's timers take no CPU from a measurement beside it."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def problems(self) -> list[str]:
+        """Log lines at WARNING or above, and traceback lines."""
+        return [line.replace("\r", "\\r") for line in self.log if PROBLEM.search(line) and not _blank(line)]
+
+    def stop(self, timeout_s: float = 30) -> None:
+        if self.proc.poll() is None:
+            self._signal(signal.SIGCONT)
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.proc.wait()
+        # Prefork children may outlive their parent by a moment; the group is ours alone.
+        self._signal(signal.SIGKILL)
+        if self in _started:
+            _started.remove(self)
+
+    def _signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signum)
+
+
+def _blank(line: str) -> bool:
+    # Celery logs what a library prints to stderr at WARNING; a bare newline leaves "[...: WARNING/...]".
+    return line.rstrip().endswith("]") and line.lstrip().startswith("[")
+
+
+def stop_all() -> None:
+    for worker in list(_started):
+        worker.stop(timeout_s=10)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]

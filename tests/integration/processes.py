@@ -1,0 +1,106 @@
+"""Real worker and producer processes for integration tests, each with its own settings in env."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_LINE = "batchwork engine ready"
+
+
+def service_env(broker_url: str, database_url: str, **settings: Any) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
+    env.update(BATCHWORK_BROKER_URL=broker_url, BATCHWORK_DATABASE_URL=database_url, HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = str(ROOT)
+    for name, value in settings.items():
+        env[f"BATCHWORK_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    return env
+
+
+class WorkerProcess:
+    """`batchwork worker` in a subprocess; its log is kept for assertions and failure messages."""
+
+    def __init__(self, env: dict[str, str], name: str) -> None:
+        self.log: list[str] = []
+        self.ready = threading.Event()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "worker", "--loglevel=INFO", "--hostname", name],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.append(line.rstrip())
+            if READY_LINE in line:
+                self.ready.set()
+
+    def wait_ready(self, timeout_s: float = 90) -> None:
+        if not self.ready.wait(timeout_s):
+            raise AssertionError("worker did not start:\n" + "\n".join(self.log[-40:]))
+
+    def stop(self, timeout_s: float = 30) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextmanager
+def workers(env: dict[str, str], count: int = 1) -> Iterator[list[WorkerProcess]]:
+    procs = [WorkerProcess(env, f"w{i}@test") for i in range(count)]
+    try:
+        for proc in procs:
+            proc.wait_ready()
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def produce(env: dict[str, str], jobs: Sequence[dict[str, Any]], timeout_s: float = 120) -> list[str]:
+    """Submit ``jobs`` from a separate process (see producer.py); returns their job ids in order."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "integration" / "producer.py")],
+        input=json.dumps(list(jobs)),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=timeout_s,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"producer failed:\n{done.stderr}")
+    return json.loads(done.stdout)
+
+
+def wait_finished(store: Any, job_ids: Sequence[str], timeout_s: float = 120) -> list[Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        statuses = [store.status(job_id) for job_id in job_ids]
+        if all(
+            s is not None and s.state in {"succeeded", "failed", "partial", "cancelled"} for s in statuses
+        ):
+            return statuses
+        if time.monotonic() > deadline:
+            pending = [s for s in statuses if s is None or s.finished_at is None]
+            raise AssertionError(f"{len(pending)} jobs unfinished after {timeout_s} s, e.g. {pending[:3]}")
+        time.sleep(0.2)

@@ -1,0 +1,28 @@
+"""A producer process for integration tests: reads jobs as JSON on stdin, prints their job ids.
+
+Each job is {"via": "delay" | "submit", "model": ..., "inputs": [...], "priority": ...}; "delay"
+is the plain Celery task call, "submit" the client's chunked submit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from worker.client import submit
+from worker.tasks import infer
+
+
+def main() -> None:
+    ids = []
+    for job in json.load(sys.stdin):
+        priority = job.get("priority", "normal")
+        if job["via"] == "delay":
+            ids.append(infer.delay(model=job["model"], inputs=job["inputs"], priority=priority).id)
+        else:
+            ids.append(submit(job["model"], job["inputs"], priority))
+    json.dump(ids, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

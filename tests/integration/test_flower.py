@@ -1,0 +1,77 @@
+"""Flower, started as the README says, shows the batching worker and its tasks (Celery task events)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.integration.processes import ROOT, produce, service_env, wait_finished, workers
+from worker.store.results import ResultStore
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def poll_json(url: str, auth: tuple[str, str], accept, timeout_s: float = 60):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = httpx.get(url, auth=auth, timeout=5).json()
+            if accept(last):
+                return last
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} never showed what was expected; last answer: {last}")
+
+
+@pytest.mark.slow
+def test_flower_shows_the_batching_worker_and_its_tasks(redis_url: str, pg_url: str) -> None:
+    from worker.store.schema import migrate
+
+    migrate(pg_url)
+    env = service_env(redis_url, pg_url)
+    port, auth = free_port(), ("admin", "s3cret")
+    flower = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker.celery_app",
+            "flower",
+            f"--port={port}",
+            "--address=127.0.0.1",
+            f"--basic-auth={auth[0]}:{auth[1]}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with workers(env):
+            [job_id] = produce(env, [{"via": "delay", "model": "noop", "inputs": ["hello", "flower"]}])
+            wait_finished(ResultStore.from_url(pg_url), [job_id])
+            base = f"http://127.0.0.1:{port}"
+            workers_seen = poll_json(f"{base}/api/workers?refresh=1", auth, lambda w: "w0@test" in w)
+            assert "w0@test" in workers_seen
+            tasks = poll_json(
+                f"{base}/api/tasks", auth, lambda t: t.get(job_id, {}).get("state") == "SUCCESS"
+            )
+            task = tasks[job_id]
+            assert task["name"] == "batchwork.infer"
+            assert task["worker"] == "w0@test"
+            assert httpx.get(f"{base}/api/tasks", timeout=5).status_code == 401  # auth is on
+    finally:
+        flower.terminate()
+        flower.wait(10)

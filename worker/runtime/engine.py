@@ -1,0 +1,381 @@
+"""The batching engine inside one worker: deliveries in, stored outcomes and acks out.
+
+Three threads, one way: *prepare* decodes messages, checks and tokenizes their items and adds
+them to the scheduler; *run* takes the next batch when the model is free and runs it; *store*
+commits each batch's outcomes in one transaction and only then acknowledges the messages whose
+items are all stored. The model never waits for receiving, tokenizing or storing.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cached_property
+from typing import Any, Protocol
+
+from worker.batching.scheduler import Batch, Item, LaneKey, LanePolicy, Scheduler
+from worker.calls import InferCall, parse_call
+from worker.models.base import InvalidInput, Model
+from worker.models.registry import model_class
+from worker.runtime.runner import describe, run_isolated
+from worker.settings import PRIORITIES, Settings
+from worker.store.db import is_transient
+from worker.store.results import BatchRecord, ItemOutcome, JobSpec, ResultStore
+
+log = logging.getLogger(__name__)
+
+
+class Message(Protocol):
+    """The part of a kombu message the engine uses."""
+
+    headers: dict[str, Any]
+
+    def decode(self) -> Any: ...
+
+
+class Acks(Protocol):
+    def ack(self, messages: Sequence[Message]) -> None: ...
+
+
+class TaskEvents(Protocol):
+    """Celery task events, so Flower shows each message as a task."""
+
+    def received(self, delivery: Delivery) -> None: ...
+    def started(self, delivery: Delivery) -> None: ...
+    def finished(self, delivery: Delivery) -> None: ...
+
+
+@dataclass(eq=False)
+class Delivery:
+    """One received message and how many of its items still owe a stored outcome."""
+
+    message: Message
+    received_at: float
+    call: InferCall | None = None
+    pending: int = 0
+    started: bool = False
+    failed: int = 0
+    error: str | None = None
+
+    @property
+    def task_id(self) -> str:
+        return str(self.message.headers.get("id"))
+
+    @cached_property
+    def job(self) -> JobSpec:
+        assert self.call is not None
+        return JobSpec(self.call.job_id, self.call.model, self.call.priority, self.call.total)
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """What the engine keeps of an item while it waits: its message, the user's id, its payload."""
+
+    delivery: Delivery
+    item_id: str | None
+    payload: Any
+
+
+@dataclass
+class Write:
+    """Outcomes for the store thread: ``deliveries[i]`` owes ``outcomes[i]``."""
+
+    record: BatchRecord | None
+    outcomes: list[ItemOutcome] = field(default_factory=list)
+    deliveries: list[Delivery] = field(default_factory=list)
+    jobs: list[JobSpec] = field(default_factory=list)
+    degraded: bool = False  # outputs replaced by errors after the database refused them
+
+
+class Engine:
+    def __init__(
+        self,
+        settings: Settings,
+        store: ResultStore,
+        acks: Acks,
+        events: TaskEvents,
+        *,
+        device: str = "cpu",
+        worker_name: str = "batchwork",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.acks = acks
+        self.events = events
+        self.device = device
+        self.worker_name = worker_name
+        self.clock = clock
+        self.scheduler = Scheduler(self.policy_for)
+        self.models: dict[str, Model] = {}
+        self.ready = threading.Event()
+        self._intake: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
+        self._writes: queue.SimpleQueue[Write | None] = queue.SimpleQueue()
+        self._lock = threading.Condition()
+        self._stopping = False
+        self._finish_waiting = False
+        self._threads = [
+            threading.Thread(target=self._prepare_loop, name="batchwork-prepare", daemon=True),
+            threading.Thread(target=self._run_loop, name="batchwork-run", daemon=True),
+            threading.Thread(target=self._store_loop, name="batchwork-store", daemon=True),
+        ]
+
+    # -- control ---------------------------------------------------------------------------
+
+    def start(self, preload: Iterable[str] = ()) -> None:
+        for name in preload:
+            self.model(name)
+        for thread in self._threads:
+            thread.start()
+        self.ready.set()
+
+    def accept(self, message: Message) -> None:
+        """Called by the consumer for each message; must return at once."""
+        self._intake.put(Delivery(message, self.clock()))
+
+    def stop(self, *, finish_waiting: bool, timeout_s: float = 60.0) -> None:
+        """Stop after the batch in flight, storing and acking what ran.
+
+        With ``finish_waiting`` every waiting item runs first (the embedded run). Without it, the
+        messages of items that did not run stay unacknowledged, and the broker hands them to
+        another worker when this one's channel closes.
+        """
+        prepare, run, store = self._threads
+        self._intake.put(None)
+        prepare.join(timeout_s)
+        with self._lock:
+            self._stopping = True
+            self._finish_waiting = finish_waiting
+            self._lock.notify_all()
+        run.join(timeout_s)
+        self._writes.put(None)
+        store.join(timeout_s)
+
+    def policy_for(self, lane: LaneKey) -> LanePolicy:
+        model, priority = lane
+        defaults = model_class(model)
+        knobs = self.settings.batching.get(model)
+        size = (knobs and knobs.max_batch_size) or defaults.max_batch_size
+        wait_ms = defaults.max_wait_ms if knobs is None or knobs.max_wait_ms is None else knobs.max_wait_ms
+        return LanePolicy(max_batch_size=size, max_wait_s=wait_ms / 1000, rank=PRIORITIES.index(priority))
+
+    def model(self, name: str) -> Model:
+        model = self.models.get(name)
+        if model is None:
+            model = model_class(name)(self.settings)
+            model.load(self.device)
+            self.models[name] = model
+        return model
+
+    # -- prepare ---------------------------------------------------------------------------
+
+    def _prepare_loop(self) -> None:
+        while (delivery := self._intake.get()) is not None:
+            try:
+                self._prepare(delivery)
+            except Exception:  # never let one message stop the intake
+                log.exception("could not take message %s", delivery.task_id)
+                self._fail_message(delivery, "internal error while preparing the message")
+
+    def _prepare(self, delivery: Delivery) -> None:
+        try:
+            _args, kwargs, _embed = delivery.message.decode()
+            call = delivery.call = parse_call(delivery.task_id, kwargs, self.settings)
+        except (InvalidInput, TypeError, ValueError) as exc:
+            self._fail_message(delivery, f"invalid message: {exc}")
+            return
+        delivery.pending = len(call.inputs)
+        self.events.received(delivery)
+        try:
+            model = self.model(call.model)
+        except Exception as exc:
+            self._write_errors(
+                delivery, range(len(call.inputs)), f"model {call.model!r} failed to load: {exc}"
+            )
+            return
+        valid, errors = self._check(model, call)
+        self._queue_errors(delivery, errors)
+        self._enqueue(delivery, model, valid)
+
+    def _check(self, model: Model, call: InferCall) -> tuple[list[int], list[ItemOutcome]]:
+        valid, errors = [], []
+        for position, raw in enumerate(call.inputs):
+            index = call.offset + position
+            try:
+                model.validate(index, raw, self.settings.max_input_chars)
+            except InvalidInput as exc:
+                errors.append(
+                    ItemOutcome(call.job_id, index, model.item_id(raw), error=f"invalid input: {exc.detail}")
+                )
+            else:
+                valid.append(position)
+        return valid, errors
+
+    def _enqueue(self, delivery: Delivery, model: Model, positions: list[int]) -> None:
+        call = delivery.call
+        assert call is not None
+        if not positions:
+            return
+        raws = [call.inputs[p] for p in positions]
+        try:
+            prepared = model.prepare(raws)
+        except Exception as exc:
+            self._write_errors(delivery, positions, f"could not prepare input: {describe(exc)}")
+            return
+        now = self.clock()
+        with self._lock:
+            for position, raw, ready in zip(positions, raws, prepared, strict=True):
+                slot = Slot(delivery, model.item_id(raw), ready.payload)
+                item = Item(call.job_id, call.offset + position, ready.length, now, slot)
+                self.scheduler.add(call.model, call.priority, item)
+            self._lock.notify()
+
+    def _fail_message(self, delivery: Delivery, error: str) -> None:
+        log.warning("message %s refused: %s", delivery.task_id, error)
+        delivery.error = error
+        self._writes.put(Write(None, deliveries=[delivery]))
+
+    def _write_errors(self, delivery: Delivery, positions: Iterable[int], error: str) -> None:
+        call = delivery.call
+        assert call is not None
+        outcomes = [
+            ItemOutcome(call.job_id, call.offset + p, Model.item_id(call.inputs[p]), error=error)
+            for p in positions
+        ]
+        self._queue_errors(delivery, outcomes)
+
+    def _queue_errors(self, delivery: Delivery, outcomes: list[ItemOutcome]) -> None:
+        if outcomes:
+            self._writes.put(Write(None, outcomes, [delivery] * len(outcomes), [delivery.job]))
+
+    # -- run -------------------------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            try:
+                self._writes.put(self._run(batch))
+            except Exception:  # the runner isolates model errors; this is a bug of ours
+                log.exception("batch of %d items on %s failed", len(batch.items), batch.model)
+
+    def _next_batch(self) -> Batch | None:
+        with self._lock:
+            while True:
+                now = self.clock()
+                if self._stopping and not self._finish_waiting:
+                    return None
+                batch = self.scheduler.next_batch(now, flush=self._stopping)
+                if batch is not None or self._stopping:
+                    return batch
+                deadline = self.scheduler.next_deadline()
+                self._lock.wait(None if deadline is None else max(0.0, deadline - now))
+
+    def _run(self, batch: Batch) -> Write:
+        slots: list[Slot] = [item.ref for item in batch.items]
+        for slot in slots:
+            if not slot.delivery.started:
+                slot.delivery.started = True
+                self.events.started(slot.delivery)
+        started_at, started = datetime.now(UTC), self.clock()
+        outcomes = run_isolated(self.models[batch.model].forward, [slot.payload for slot in slots])
+        run_ms = (self.clock() - started) * 1000
+        record = BatchRecord(
+            model=batch.model,
+            lane=batch.lane[1],
+            size=len(batch.items),
+            real_tokens=batch.real_tokens,
+            padded_tokens=batch.padded_tokens,
+            wait_ms=batch.oldest_wait_s * 1000,
+            run_ms=run_ms,
+            started_at=started_at,
+            worker=self.worker_name,
+        )
+        write = Write(record)
+        for item, slot, outcome in zip(batch.items, slots, outcomes, strict=True):
+            write.outcomes.append(
+                ItemOutcome(item.job_id, item.index, slot.item_id, outcome.output, outcome.error)
+            )
+            write.deliveries.append(slot.delivery)
+        write.jobs = list({d.job: None for d in write.deliveries})
+        log.debug("%s/%s batch of %d ran in %.1f ms", batch.model, batch.lane[1], len(slots), run_ms)
+        return write
+
+    # -- store -----------------------------------------------------------------------------
+
+    def _store_loop(self) -> None:
+        while (write := self._writes.get()) is not None:
+            self._commit(write)
+            self._settle(write)
+
+    def _commit(self, write: Write) -> None:
+        """Store until it sticks: nothing is acknowledged that is not committed.
+
+        A database that is down is waited for. Anything else (an output the database refuses) is a
+        permanent failure of those outputs: they are stored as errors instead, so the items still end.
+        """
+        delay_s = 0.1
+        while True:
+            try:
+                self._write(write)
+                return
+            except Exception as exc:
+                if not is_transient(exc) and write.outcomes and not write.degraded:
+                    log.error(
+                        "storing %d outcomes failed (%s); storing them as errors", len(write.outcomes), exc
+                    )
+                    write.outcomes = [
+                        _as_error(o, f"could not store the output: {describe(exc)}") for o in write.outcomes
+                    ]
+                    write.degraded = True
+                    continue
+                log.warning(
+                    "storing %d outcomes failed (%s); retrying in %.1f s", len(write.outcomes), exc, delay_s
+                )
+                time.sleep(delay_s)
+                delay_s = min(delay_s * 2, 5.0)
+
+    def _write(self, write: Write) -> None:
+        if write.record is None and not write.outcomes:
+            self._store_refusal(write.deliveries[0])
+        else:
+            self.store.write_batch(write.record, write.outcomes, write.jobs)
+
+    def _store_refusal(self, delivery: Delivery) -> None:
+        kwargs = _safe_kwargs(delivery.message)
+        job_id = str(kwargs.get("job_id") or delivery.task_id)
+        model = kwargs.get("model")
+        model = model if isinstance(model, str) else "?"
+        self.store.create_job(JobSpec(job_id, model, "normal", 0))
+        self.store.fail_job(job_id, delivery.error or "invalid message")
+
+    def _settle(self, write: Write) -> None:
+        done: list[Delivery] = []
+        for delivery, outcome in zip(write.deliveries, write.outcomes, strict=False):
+            delivery.pending -= 1
+            delivery.failed += outcome.error is not None
+            if delivery.pending == 0:
+                done.append(delivery)
+        if not write.outcomes:
+            done = write.deliveries
+        if done:
+            self.acks.ack([d.message for d in done])
+            for delivery in done:
+                self.events.finished(delivery)
+
+
+def _as_error(outcome: ItemOutcome, error: str) -> ItemOutcome:
+    if outcome.error is not None:
+        return outcome
+    return ItemOutcome(outcome.job_id, outcome.index, outcome.item_id, error=error)
+
+
+def _safe_kwargs(message: Message) -> dict[str, Any]:
+    try:
+        kwargs = message.decode()[1]
+    except Exception:
+        return {}
+    return kwargs if isinstance(kwargs, dict) else {}

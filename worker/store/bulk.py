@@ -1,0 +1,107 @@
+"""Bulk INSERT ... ON CONFLICT DO NOTHING of job and result rows, in the fastest shape each dialect has.
+
+It knows tables and dialects, not job states nor the store's API, and never commits: the caller's
+transaction does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Connection, Insert, Integer, Row, bindparam, func, literal_column, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from worker.store import tables
+from worker.store.tables import UtcDateTime
+
+SUPPORTED_DIALECTS = ("postgresql", "sqlite")
+
+# The result columns that differ per item: the keys of each item row given to insert_results.
+ITEM_FIELDS = ("job_id", "item_index", "item_id", "output", "error")
+
+# (job_id, error) of each row actually inserted; rows already there (redelivered items) are left out.
+Inserted = Sequence[Row[str, str | None]]
+
+_RESULT_KEY = ["job_id", "item_index"]
+
+
+def check_dialect(name: str) -> None:
+    if name not in SUPPORTED_DIALECTS:
+        raise ValueError(f"batchwork stores results in PostgreSQL or SQLite, not {name!r}")
+
+
+def insert_jobs(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Insert the job rows that do not exist yet; existing jobs are left untouched."""
+    conn.execute(_JOB_INSERTS[conn.dialect.name], rows)
+
+
+def insert_results(
+    conn: Connection, items: list[dict[str, Any]], batch_id: int | None, created_at: datetime
+) -> Inserted:
+    """Insert the result rows not stored yet (``items`` keyed by ITEM_FIELDS) and return the new ones."""
+    if not items:
+        return []
+    return _RESULT_INSERTS[conn.dialect.name](conn, items, batch_id, created_at)
+
+
+def _postgresql_results_statement() -> Insert:
+    # The whole batch travels as one JSON array that json_populate_recordset turns into result rows:
+    # one short statement psycopg parses once, one parameter orjson writes in one call. A multi-row
+    # VALUES (7 parameters a row) measured 11k rows/s here, mostly psycopg re-parsing a long query it
+    # will not cache; unnest() over five arrays 50k; this 100k (tiny outputs, 1024-row batches).
+    # A JSON null becomes SQL NULL, and a json (not jsonb) value keeps its text, float digits included.
+    items = (
+        func.json_populate_recordset(
+            literal_column(f"NULL::{tables.results.name}"), bindparam("items", type_=JSON())
+        )
+        .table_valued(*ITEM_FIELDS)
+        .alias("item")
+    )
+    rows = select(
+        *(items.c[name] for name in ITEM_FIELDS),
+        bindparam("batch_id", type_=Integer()),
+        bindparam("created_at", type_=UtcDateTime()),
+    )
+    column = tables.results.c
+    return (
+        postgresql.insert(tables.results)
+        .from_select([*ITEM_FIELDS, "batch_id", "created_at"], rows)
+        .on_conflict_do_nothing(index_elements=_RESULT_KEY)
+        .returning(column.job_id, column.error)
+    )
+
+
+def _insert_results_postgresql(
+    conn: Connection, items: list[dict[str, Any]], batch_id: int | None, created_at: datetime
+) -> Inserted:
+    params = {"items": items, "batch_id": batch_id, "created_at": created_at}
+    return conn.execute(_POSTGRESQL_RESULTS, params).all()
+
+
+def _insert_results_sqlite(
+    conn: Connection, items: list[dict[str, Any]], batch_id: int | None, created_at: datetime
+) -> Inserted:
+    # An executemany that SQLAlchemy's insertmanyvalues sends as multi-row INSERTs, each within SQLite's
+    # bound-parameter limit. RETURNING gives the error itself, not `error IS NOT NULL`: SQLite 3.40
+    # answers that expression in RETURNING with 1 for every row of this table, NULL error or not.
+    rows = [{**item, "batch_id": batch_id, "created_at": created_at} for item in items]
+    return conn.execute(_SQLITE_RESULTS, rows).all()
+
+
+# Built once: constructing a statement per call costs more than a small batch's INSERT itself.
+_JOB_INSERTS = {
+    "postgresql": postgresql.insert(tables.jobs).on_conflict_do_nothing(index_elements=["id"]),
+    "sqlite": sqlite.insert(tables.jobs).on_conflict_do_nothing(index_elements=["id"]),
+}
+_POSTGRESQL_RESULTS = _postgresql_results_statement()
+_SQLITE_RESULTS = (
+    sqlite.insert(tables.results)
+    .on_conflict_do_nothing(index_elements=_RESULT_KEY)
+    .returning(tables.results.c.job_id, tables.results.c.error)
+)
+_RESULT_INSERTS: dict[str, Callable[[Connection, list[dict[str, Any]], int | None, datetime], Inserted]] = {
+    "postgresql": _insert_results_postgresql,
+    "sqlite": _insert_results_sqlite,
+}

@@ -1,0 +1,70 @@
+"""The one place that opens database connections: an Engine for PostgreSQL or SQLite, set up alike.
+
+It knows URLs, drivers, JSON encoding and connection pragmas; it must never know about jobs or results.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+# Plain postgresql:// would load psycopg2, which batchwork does not install; psycopg 3 is the driver.
+_POSTGRES_DRIVERS = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg"}
+
+# Run on every new SQLite connection. The producer and several worker threads/processes write the same
+# file: WAL lets readers go on while one writes, NORMAL is durable enough under WAL and skips an fsync per
+# commit, and busy_timeout makes a writer wait for the lock instead of failing with "database is locked".
+_SQLITE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA busy_timeout=30000")
+
+
+def _json_dumps(value: Any) -> str:
+    # OPT_SERIALIZE_NUMPY: model outputs are often numpy arrays (float32 embeddings). orjson writes a
+    # float32 in its shortest float32 form, so it reads back to the very same float32 value.
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def _json_loads(value: str | bytes | float) -> Any:
+    # SQLite gives a JSON column NUMERIC affinity: a bare number such as 0.5 is stored and read back as a
+    # REAL or INTEGER, not as JSON text. It already is the decoded value.
+    if isinstance(value, int | float):
+        return value
+    return orjson.loads(value)
+
+
+def make_engine(url: str) -> Engine:
+    """An Engine for ``url`` (``postgresql://...`` or ``sqlite:///path``) with pooling and JSON set up."""
+    parsed = make_url(url)
+    drivername = _POSTGRES_DRIVERS.get(parsed.drivername, parsed.drivername)
+    parsed = parsed.set(drivername=drivername)
+    is_sqlite = parsed.get_backend_name() == "sqlite"
+    connect_args: dict[str, Any] = {"timeout": 30, "check_same_thread": False} if is_sqlite else {}
+    engine = create_engine(
+        parsed,
+        pool_pre_ping=True,
+        json_serializer=_json_dumps,
+        json_deserializer=_json_loads,
+        connect_args=connect_args,
+    )
+    if is_sqlite:
+        event.listen(engine, "connect", _set_sqlite_pragmas)
+    return engine
+
+
+def _set_sqlite_pragmas(dbapi_connection: Any, _connection_record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        for pragma in _SQLITE_PRAGMAS:
+            cursor.execute(pragma)
+    finally:
+        cursor.close()
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures that waiting cures (database down, connection dropped, lock busy)."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated

@@ -1,0 +1,128 @@
+"""The SQL schema of batchwork: jobs, their per-item results, and the batches that produced them.
+
+Declarations only; migrations/versions/0001 must create exactly this (tests compare the two). Nothing here
+opens a connection.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Dialect,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every dialect.
+
+    SQLite keeps no offset and PostgreSQL answers in the session's time zone, so values are converted to
+    UTC on the way in and tagged UTC on the way out; a naive datetime is refused rather than guessed at.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware one (UTC)")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    # Named constraints, the same on every dialect, so later migrations (SQLite's batch mode above all)
+    # can refer to them by name.
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(table_name)s_%(column_0_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_name)s",
+            "ck": "ck_%(table_name)s_%(constraint_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200))
+    priority: Mapped[str] = mapped_column(String(16))
+    # queued, running, succeeded, failed, partial or cancelled; see results.FINISHED_STATES.
+    state: Mapped[str] = mapped_column(String(16))
+    total: Mapped[int] = mapped_column(Integer)
+    done: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    failed: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+
+class Result(Base):
+    """One row per item of a job; exactly one of output and error is set.
+
+    No foreign key to jobs: write_batch inserts thousands of rows a second and a key would make PostgreSQL
+    look up and share-lock the job row for every one; write_batch creates the job row in the same
+    transaction instead.
+    """
+
+    __tablename__ = "results"
+
+    job_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    item_index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    item_id: Mapped[str | None] = mapped_column(String(200))
+    # none_as_null: an error row stores SQL NULL here, not the JSON text 'null'.
+    output: Mapped[Any] = mapped_column(JSON(none_as_null=True), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text)
+    batch_id: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class Batch(Base):
+    """One forward pass of a model: what went in and how long it waited and ran."""
+
+    __tablename__ = "batches"
+    __table_args__ = (Index("ix_batches_started_at", "started_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(String(200))
+    lane: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(Integer)
+    real_tokens: Mapped[int] = mapped_column(Integer)
+    padded_tokens: Mapped[int] = mapped_column(Integer)
+    # Queue wait of the batch's oldest item.
+    wait_ms: Mapped[float] = mapped_column(Float)
+    run_ms: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    worker: Mapped[str] = mapped_column(String(200))
+
+
+metadata = Base.metadata
+# The store writes with Core statements (bulk, dialect-specific ON CONFLICT), so it wants the Tables.
+jobs = cast(Table, Job.__table__)
+results = cast(Table, Result.__table__)
+batches = cast(Table, Batch.__table__)
