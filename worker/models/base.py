@@ -84,3 +84,43 @@ def text_of(index: int, item: object, max_chars: int) -> str:
     if len(item) > max_chars:
         raise InvalidInput(f"field 'text' has {len(item)} characters, over the limit of {max_chars}", index)
     return item
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A sequence that left the running batch: its output, or the error that ended it."""
+
+    key: Any
+    output: Any = None
+    error: str | None = None
+
+
+class StepModel(Model):
+    """A model driven one decode step at a time, for continuous batching.
+
+    The engine admits prepared sequences while ``can_admit`` says there is room, then calls ``step``
+    again and again; each step advances every running sequence by one token and returns those that
+    finished (EOS or their token limit). Sequences admitted since the last step are prefilled in it.
+    A model whose KV cache runs short preempts its newest sequences itself and resumes them later
+    (recomputing their cache); it never fails a sequence for lack of room.
+    """
+
+    max_running: ClassVar[int] = 32
+
+    def can_admit(self, length: int) -> bool:
+        """Is there room (a slot and KV budget) for a new sequence of ``length`` prompt tokens?"""
+        raise NotImplementedError
+
+    def admit(self, key: Any, payload: Any) -> None:
+        """Add a prepared sequence; ``key`` comes back in its Finished."""
+        raise NotImplementedError
+
+    def step(self) -> list[Finished]:
+        raise NotImplementedError
+
+    def running(self) -> int:
+        """Sequences admitted and not yet finished (including preempted ones waiting to resume)."""
+        raise NotImplementedError
+
+    def forward(self, payloads: Sequence[Any]) -> Sequence[Any]:
+        raise TypeError(f"{type(self).__name__} runs step by step; the engine drives it with admit/step")
