@@ -9,12 +9,10 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Queue
 
-from worker.runtime.consumer import BatchingStep
+from worker.runtime.consumer import BatchingStep, queue_name
 from worker.settings import PRIORITIES, Settings, get_settings
 
-
-def queue_for(priority: str, settings: Settings) -> str:
-    return f"{settings.queue}.{priority}"
+queue_for = queue_name
 
 
 def transport_options(settings: Settings) -> dict[str, object]:

@@ -7,19 +7,52 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-PRIORITIES = ("high", "normal", "bulk")
+from worker.batching.policy import PRIORITIES, LaneKnobs, ModelKnobs
+
+__all__ = ["PRIORITIES", "Batching", "Lane", "Settings", "get_settings"]
+
+
+class Lane(BaseModel):
+    """Knobs of one priority lane of a model; unset fields keep the defaults (README, "Priority lanes")."""
+
+    max_batch_size: int | None = Field(default=None, ge=1)
+    max_wait_ms: float | None = Field(default=None, ge=0)
+    max_delay_ms: float | None = Field(default=None, ge=0, description="starvation bound (aging)")
 
 
 class Batching(BaseModel):
     """Batching knobs of one model; any field left unset falls back to the model's own default."""
 
     max_batch_size: int | None = Field(default=None, ge=1, description="N: flush at this many items")
-    max_wait_ms: float | None = Field(
-        default=None, ge=0, description="T: flush when the oldest item waited this long"
+    max_wait_ms: float | None = Field(default=None, ge=0, description="T: flush when the oldest item waited")
+    max_batch_tokens: int | None = Field(default=None, ge=1, description="cap on longest item x batch size")
+    bucket_edges: list[int] | None = Field(
+        default=None, description="length bucket upper bounds; [] for none"
     )
+    lanes: dict[str, Lane] = Field(default_factory=dict)
+
+    @field_validator("lanes")
+    @classmethod
+    def _known_lanes(cls, lanes: dict[str, Lane]) -> dict[str, Lane]:
+        unknown = set(lanes) - set(PRIORITIES)
+        if unknown:
+            raise ValueError(f"unknown lane(s) {sorted(unknown)}; lanes are {', '.join(PRIORITIES)}")
+        return lanes
+
+    def resolve(self, defaults: ModelKnobs) -> ModelKnobs:
+        """These knobs laid over a model's defaults, as the pure core takes them."""
+        return ModelKnobs(
+            max_batch_size=self.max_batch_size or defaults.max_batch_size,
+            max_wait_ms=defaults.max_wait_ms if self.max_wait_ms is None else self.max_wait_ms,
+            max_batch_tokens=self.max_batch_tokens or defaults.max_batch_tokens,
+            bucket_edges=defaults.bucket_edges
+            if self.bucket_edges is None
+            else tuple(sorted(self.bucket_edges)),
+            lanes={name: LaneKnobs(**lane.model_dump()) for name, lane in self.lanes.items()},
+        )
 
 
 class Settings(BaseSettings):
@@ -42,6 +75,8 @@ class Settings(BaseSettings):
     # can form while one runs, and stay small enough that a held message is acked well within
     # visibility_timeout_s (kombu redelivers anything held longer).
     prefetch_count: int = Field(default=1024, ge=1)
+    # Items of one priority a worker holds before it stops fetching that queue (high never stops).
+    max_held_items: int = Field(default=8192, ge=1)
     visibility_timeout_s: int = Field(default=600, ge=10)
     # client.submit splits a job into messages of this many items.
     submit_chunk_size: int = Field(default=512, ge=1)

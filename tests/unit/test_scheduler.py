@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.batching.scheduler import Item, LanePolicy, Scheduler
+from worker.batching.policy import LanePolicy
+from worker.batching.scheduler import Item, Scheduler
 
 POLICIES = {
     ("m", "high"): LanePolicy(max_batch_size=2, max_wait_s=0.005, rank=0),

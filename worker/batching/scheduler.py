@@ -1,26 +1,22 @@
 """The pure scheduling core: which items run together, and when.
 
-Items wait in lanes (one per model x priority). A lane is ready when it holds N items or its
-oldest item has waited T; the scheduler hands out a batch from the most urgent ready lane.
-This module knows items, lanes, lengths and a clock reading, and must never import Celery,
-Redis, SQLAlchemy or torch.
+Items wait in lanes (model x priority), and inside a lane in length buckets. A lane is ready when a
+bucket holds N items or a full token budget, or when its oldest item has waited T; the scheduler
+hands out a batch from the most urgent ready lane, with aging so that no lane starves. This module
+knows items, lengths and a clock reading, and must never import Celery, Redis, SQLAlchemy or torch.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.batching.buckets import Bucket
+from worker.batching.policy import LanePolicy
+
 LaneKey = tuple[str, str]  # (model, priority)
-
-
-@dataclass(frozen=True, slots=True)
-class LanePolicy:
-    max_batch_size: int  # N
-    max_wait_s: float  # T, counted from the arrival of the lane's oldest waiting item
-    rank: int = 0  # lower is more urgent; ties go to the lane whose oldest item waited longest
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,49 +53,60 @@ class Batch:
 
 @dataclass
 class Lane:
-    """Items of one model and priority, queued per job so that jobs share batches fairly."""
+    """The items of one model and priority, in length buckets."""
 
     key: LaneKey
     policy: LanePolicy
-    jobs: OrderedDict[str, deque[Item]] = field(default_factory=OrderedDict)
-    size: int = 0
+    buckets: list[Bucket] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.buckets = [Bucket() for _ in range(len(self.policy.bucket_edges) + 1)]
+
+    @property
+    def size(self) -> int:
+        return sum(bucket.size for bucket in self.buckets)
 
     def add(self, item: Item) -> None:
-        queue = self.jobs.get(item.job_id)
-        if queue is None:
-            queue = self.jobs[item.job_id] = deque()
-        queue.append(item)
-        self.size += 1
+        self.buckets[bisect_left(self.policy.bucket_edges, item.length)].add(item)
 
     def oldest_arrival(self) -> float:
-        return min(queue[0].arrived for queue in self.jobs.values())
+        return min(bucket.oldest_arrival() for bucket in self.buckets if bucket.size)
 
     def deadline(self) -> float:
         return self.oldest_arrival() + self.policy.max_wait_s
 
+    def starving(self, now: float) -> bool:
+        bound = self.policy.max_delay_s
+        return bound is not None and now - self.oldest_arrival() >= bound
+
+    def full_bucket(self) -> int | None:
+        """The bucket (oldest first) that already fills a batch by count or by token budget."""
+        full = [i for i, bucket in enumerate(self.buckets) if bucket.is_full(self.policy)]
+        return min(full, key=lambda i: self.buckets[i].oldest_arrival(), default=None)
+
     def is_ready(self, now: float) -> bool:
-        return self.size >= self.policy.max_batch_size or now >= self.deadline()
+        return now >= self.deadline() or self.full_bucket() is not None
 
-    def take(self, limit: int) -> list[Item]:
-        """Up to ``limit`` items, one per job in turn, so a big job cannot shut out a small one.
+    def take(self, now: float) -> list[Item]:
+        """A batch: when T is up, the oldest item's bucket topped up from others; else a full bucket.
 
-        Jobs that gave an item move to the back of the rotation; the next batch starts with
-        the jobs this one could not reach.
+        Topping up takes the nearest buckets first (shorter before longer at equal distance), so a
+        deadline batch is as long as N and the token budget allow with as little padding as possible.
         """
+        seed = None if now >= self.deadline() else self.full_bucket()
+        if seed is None:
+            seed = min(
+                (i for i, b in enumerate(self.buckets) if b.size),
+                key=lambda i: self.buckets[i].oldest_arrival(),
+            )
+            order = sorted(range(len(self.buckets)), key=lambda i: (abs(i - seed), i > seed))
+        else:
+            order = [seed]
         taken: list[Item] = []
-        while len(taken) < limit and self.jobs:
-            served = []
-            for job_id, queue in self.jobs.items():
-                taken.append(queue.popleft())
-                served.append(job_id)
-                if len(taken) == limit:
-                    break
-            for job_id in served:
-                if self.jobs[job_id]:
-                    self.jobs.move_to_end(job_id)
-                else:
-                    del self.jobs[job_id]
-        self.size -= len(taken)
+        for i in order:
+            self.buckets[i].take_into(taken, self.policy)
+            if len(taken) >= self.policy.max_batch_size:
+                break
         return taken
 
 
@@ -120,19 +127,28 @@ class Scheduler:
     def __len__(self) -> int:
         return sum(lane.size for lane in self._lanes.values())
 
+    def waiting(self, priority: str) -> int:
+        return sum(lane.size for key, lane in self._lanes.items() if key[1] == priority)
+
     def next_batch(self, now: float, *, flush: bool = False) -> Batch | None:
-        """The batch to run now, or None if no lane is ready. ``flush`` treats every lane as ready."""
+        """The batch to run now, or None if no lane is ready. ``flush`` treats every lane as ready.
+
+        The most urgent ready lane goes first, except that a lane whose oldest item waited past its
+        starvation bound goes before all lanes that have not (oldest first among those).
+        """
         ready = [lane for lane in self._waiting() if flush or lane.is_ready(now)]
         if not ready:
             return None
-        lane = min(ready, key=lambda lane: (lane.policy.rank, lane.oldest_arrival()))
-        items = lane.take(lane.policy.max_batch_size)
-        return Batch(lane.key, tuple(items), now)
+        starving = [lane for lane in ready if lane.starving(now)]
+        if starving:
+            lane = min(starving, key=Lane.oldest_arrival)
+        else:
+            lane = min(ready, key=lambda lane: (lane.policy.rank, lane.oldest_arrival()))
+        return Batch(lane.key, tuple(lane.take(now)), now)
 
     def next_deadline(self) -> float | None:
         """When the earliest lane becomes ready by waiting alone, or None when nothing waits."""
-        deadlines = [lane.deadline() for lane in self._waiting()]
-        return min(deadlines, default=None)
+        return min((lane.deadline() for lane in self._waiting()), default=None)
 
     def _waiting(self) -> Iterator[Lane]:
         return (lane for lane in self._lanes.values() if lane.size)

@@ -42,6 +42,10 @@ class Model:
     name: ClassVar[str]
     max_batch_size: ClassVar[int] = 64
     max_wait_ms: ClassVar[float] = 50.0
+    # For models whose items have a length in tokens: the padded-token cap of a batch and the length
+    # buckets (upper bounds) that keep items of similar length together.
+    max_batch_tokens: ClassVar[int | None] = None
+    bucket_edges: ClassVar[tuple[int, ...]] = ()
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

@@ -12,18 +12,20 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, Protocol
 
-from worker.batching.scheduler import Batch, Item, LaneKey, LanePolicy, Scheduler
+from worker.batching.policy import LanePolicy, ModelKnobs, lane_policy
+from worker.batching.scheduler import Batch, Item, LaneKey, Scheduler
 from worker.calls import InferCall, parse_call
 from worker.models.base import InvalidInput, Model
 from worker.models.registry import model_class
 from worker.runtime.runner import describe, run_isolated
-from worker.settings import PRIORITIES, Settings
+from worker.settings import Batching, Settings
 from worker.store.db import is_transient
 from worker.store.results import BatchRecord, ItemOutcome, JobSpec, ResultStore
 
@@ -117,6 +119,8 @@ class Engine:
         self._intake: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
         self._writes: queue.SimpleQueue[Write | None] = queue.SimpleQueue()
         self._lock = threading.Condition()
+        self._held: Counter[str] = Counter()
+        self._held_lock = threading.Lock()
         self._stopping = False
         self._finish_waiting = False
         self._threads = [
@@ -156,13 +160,20 @@ class Engine:
         self._writes.put(None)
         store.join(timeout_s)
 
+    def held_items(self, priority: str) -> int:
+        """Items of this priority received and not yet stored."""
+        return self._held[priority]
+
+    def _hold(self, priority: str, count: int) -> None:
+        with self._held_lock:
+            self._held[priority] += count
+
     def policy_for(self, lane: LaneKey) -> LanePolicy:
         model, priority = lane
-        defaults = model_class(model)
-        knobs = self.settings.batching.get(model)
-        size = (knobs and knobs.max_batch_size) or defaults.max_batch_size
-        wait_ms = defaults.max_wait_ms if knobs is None or knobs.max_wait_ms is None else knobs.max_wait_ms
-        return LanePolicy(max_batch_size=size, max_wait_s=wait_ms / 1000, rank=PRIORITIES.index(priority))
+        cls = model_class(model)
+        defaults = ModelKnobs(cls.max_batch_size, cls.max_wait_ms, cls.max_batch_tokens, cls.bucket_edges)
+        knobs = self.settings.batching.get(model, Batching())
+        return lane_policy(knobs.resolve(defaults), priority)
 
     def model(self, name: str) -> Model:
         model = self.models.get(name)
@@ -190,6 +201,7 @@ class Engine:
             self._fail_message(delivery, f"invalid message: {exc}")
             return
         delivery.pending = len(call.inputs)
+        self._hold(call.priority, len(call.inputs))
         self.events.received(delivery)
         try:
             model = self.model(call.model)
@@ -301,7 +313,16 @@ class Engine:
             )
             write.deliveries.append(slot.delivery)
         write.jobs = list({d.job: None for d in write.deliveries})
-        log.debug("%s/%s batch of %d ran in %.1f ms", batch.model, batch.lane[1], len(slots), run_ms)
+        log.info(
+            "batch %s/%s: %d items, tokens %d real / %d padded, oldest waited %.1f ms, ran %.1f ms",
+            batch.model,
+            batch.lane[1],
+            record.size,
+            record.real_tokens,
+            record.padded_tokens,
+            record.wait_ms,
+            run_ms,
+        )
         return write
 
     # -- store -----------------------------------------------------------------------------
@@ -354,13 +375,17 @@ class Engine:
 
     def _settle(self, write: Write) -> None:
         done: list[Delivery] = []
+        released: Counter[str] = Counter()
         for delivery, outcome in zip(write.deliveries, write.outcomes, strict=False):
             delivery.pending -= 1
+            released[delivery.job.priority] += 1
             delivery.failed += outcome.error is not None
             if delivery.pending == 0:
                 done.append(delivery)
         if not write.outcomes:
             done = write.deliveries
+        for priority, count in released.items():
+            self._hold(priority, -count)
         if done:
             self.acks.ack([d.message for d in done])
             for delivery in done:
