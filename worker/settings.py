@@ -87,6 +87,13 @@ class Settings(BaseSettings):
     simulated_base_ms: float = Field(default=20.0, ge=0, description="simulated model: a in a + b*n")
     simulated_per_item_ms: float = Field(default=1.0, ge=0, description="simulated model: b in a + b*n")
 
+    # A local Hugging Face GPT-2-format checkpoint directory (config.json, model.safetensors or
+    # pytorch_model.bin, tokenizer files); never downloaded. Its KV cache holds this many tokens across all
+    # running sequences (pages of 16; n_layer * 2 * n_embd numbers per token, 72 KiB for GPT-2 small in
+    # float32); past it the newest sequences are preempted and later resume.
+    gpt2_path: str | None = None
+    gpt2_kv_budget_tokens: int = Field(default=16_384, ge=16, description="gpt2: KV-cache tokens, all sequences")
+
     @property
     def embedded(self) -> bool:
         """True when no broker is configured: `batchwork run` then starts a worker in its own process."""

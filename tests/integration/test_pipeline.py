@@ -185,3 +185,32 @@ def test_a_high_priority_job_overtakes_a_queued_bulk_backlog(stack) -> None:
     assert (status.finished_at - status.created_at).total_seconds() < 1.0
     lanes = {b.lane for b in store.recent_batches(urgent)}
     assert lanes == {"high"}
+
+
+@pytest.mark.slow
+def test_one_poison_item_fails_alone_and_the_rest_of_its_batches_succeed(stack) -> None:
+    env, store = stack
+    inputs = [f"text {i}" for i in range(1000)]
+    inputs[437] = "poison"
+    [job_id] = produce(
+        env, [{"via": "submit", "model": "tests.integration.fault_models:Poison", "inputs": inputs}]
+    )
+    with workers(env):
+        [status] = wait_finished(store, [job_id])
+    assert (status.state, status.done, status.failed) == ("partial", 999, 1)
+    failed = [r for r in store.results(job_id) if r.error is not None]
+    assert [(r.index, r.error) for r in failed] == [(437, "ValueError: cannot digest 'poison'")]
+    sizes = [b.size for b in store.recent_batches(job_id, limit=100)]
+    assert sum(sizes) == 1000 and sizes.count(32) >= 30  # batches are full apart from the bisection
+
+
+@pytest.mark.slow
+def test_out_of_memory_splits_batches_and_lowers_n_without_failing_anything(stack) -> None:
+    env, store = stack
+    model = "tests.integration.fault_models:OutOfMemoryAbove16"
+    [job_id] = produce(env, [{"via": "submit", "model": model, "inputs": [f"t{i}" for i in range(2000)]}])
+    with workers(env):
+        [status] = wait_finished(store, [job_id])
+    assert (status.state, status.done, status.failed) == ("succeeded", 2000, 0)
+    newest = store.recent_batches(job_id, limit=30)  # newest first
+    assert all(b.size <= 16 for b in newest[:20])  # settled at the size that fits

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from worker.batching.buckets import Bucket
@@ -56,11 +56,16 @@ class Lane:
     """The items of one model and priority, in length buckets."""
 
     key: LaneKey
-    policy: LanePolicy
+    configured: LanePolicy
     buckets: list[Bucket] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.policy = self.configured  # the configured policy, with N lowered while a size cap holds
         self.buckets = [Bucket() for _ in range(len(self.policy.bucket_edges) + 1)]
+
+    def cap_size(self, cap: int | None) -> None:
+        size = self.configured.max_batch_size if cap is None else min(cap, self.configured.max_batch_size)
+        self.policy = replace(self.configured, max_batch_size=size)
 
     @property
     def size(self) -> int:
@@ -116,13 +121,22 @@ class Scheduler:
     def __init__(self, policy_for: Callable[[LaneKey], LanePolicy]) -> None:
         self._policy_for = policy_for
         self._lanes: dict[LaneKey, Lane] = {}
+        self._caps: dict[str, int | None] = {}
 
     def add(self, model: str, priority: str, item: Item) -> None:
         key = (model, priority)
         lane = self._lanes.get(key)
         if lane is None:
             lane = self._lanes[key] = Lane(key, self._policy_for(key))
+            lane.cap_size(self._caps.get(model))
         lane.add(item)
+
+    def cap_size(self, model: str, cap: int | None) -> None:
+        """Hold every lane of ``model`` to batches of at most ``cap`` items (None: back to N)."""
+        self._caps[model] = cap
+        for (lane_model, _), lane in self._lanes.items():
+            if lane_model == model:
+                lane.cap_size(cap)
 
     def __len__(self) -> int:
         return sum(lane.size for lane in self._lanes.values())

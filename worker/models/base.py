@@ -6,6 +6,7 @@ Importing a model module must not import torch: producers and the API validate i
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -71,6 +72,12 @@ class Model:
 
     def forward(self, payloads: Sequence[Any]) -> Sequence[Any]:
         raise NotImplementedError
+
+    def release_memory(self) -> None:
+        """Free what a batch that ran out of memory left allocated, before smaller batches run."""
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def text_of(index: int, item: object, max_chars: int) -> str:

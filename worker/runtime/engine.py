@@ -19,12 +19,13 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, Protocol
 
+from worker.batching.backoff import SizeLimit
 from worker.batching.policy import LanePolicy, ModelKnobs, lane_policy
 from worker.batching.scheduler import Batch, Item, LaneKey, Scheduler
 from worker.calls import InferCall, parse_call
 from worker.models.base import InvalidInput, Model
 from worker.models.registry import model_class
-from worker.runtime.runner import describe, run_isolated
+from worker.runtime.runner import Report, describe, run_batch
 from worker.settings import Batching, Settings
 from worker.store.db import is_transient
 from worker.store.results import BatchRecord, ItemOutcome, JobSpec, ResultStore
@@ -119,6 +120,7 @@ class Engine:
         self._intake: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
         self._writes: queue.SimpleQueue[Write | None] = queue.SimpleQueue()
         self._lock = threading.Condition()
+        self._limits: dict[str, SizeLimit] = {}
         self._held: Counter[str] = Counter()
         self._held_lock = threading.Lock()
         self._stopping = False
@@ -293,8 +295,10 @@ class Engine:
                 slot.delivery.started = True
                 self.events.started(slot.delivery)
         started_at, started = datetime.now(UTC), self.clock()
-        outcomes = run_isolated(self.models[batch.model].forward, [slot.payload for slot in slots])
+        model = self.models[batch.model]
+        report = run_batch(model.forward, [slot.payload for slot in slots], model.release_memory)
         run_ms = (self.clock() - started) * 1000
+        self._adapt_size(batch, report)
         record = BatchRecord(
             model=batch.model,
             lane=batch.lane[1],
@@ -307,7 +311,7 @@ class Engine:
             worker=self.worker_name,
         )
         write = Write(record)
-        for item, slot, outcome in zip(batch.items, slots, outcomes, strict=True):
+        for item, slot, outcome in zip(batch.items, slots, report.outcomes, strict=True):
             write.outcomes.append(
                 ItemOutcome(item.job_id, item.index, slot.item_id, outcome.output, outcome.error)
             )
@@ -324,6 +328,19 @@ class Engine:
             run_ms,
         )
         return write
+
+    def _adapt_size(self, batch: Batch, report: Report) -> None:
+        """Lower a model's N at once when a batch ran out of memory; let it grow back slowly."""
+        limit = self._limits.setdefault(batch.model, SizeLimit())
+        before = limit.cap
+        if report.out_of_memory_at is not None:
+            limit.ran_out_of_memory(report.out_of_memory_at, report.largest_ok)
+        else:
+            limit.succeeded(len(batch.items), self.policy_for(batch.lane).max_batch_size)
+        if limit.cap != before:
+            log.warning("%s: batches now hold at most %s items", batch.model, limit.cap or "N")
+            with self._lock:
+                self.scheduler.cap_size(batch.model, limit.cap)
 
     # -- store -----------------------------------------------------------------------------
 

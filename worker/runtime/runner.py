@@ -1,13 +1,14 @@
 """Runs one batch through a model and returns one outcome per item, isolating bad items.
 
 A batch that raises is split in halves and each half run again, down to single items, so one
-poison input fails alone with its error while the rest of its batch succeeds. Never raises.
+poison input fails alone with its error while the rest of its batch succeeds. Running out of
+memory splits the same way and is reported, so the engine can lower that model's N. Never raises.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -20,19 +21,63 @@ class Outcome:
 NO_OUTPUT = Outcome(error="the model returned no output (None) for this item")
 
 
+@dataclass
+class Report:
+    outcomes: list[Outcome] = field(default_factory=list)
+    out_of_memory_at: int | None = None  # size of the largest sub-batch that ran out of memory
+    largest_ok: int = 0  # size of the largest sub-batch that ran
+
+
 def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def run_isolated(forward: Callable[[Sequence[Any]], Sequence[Any]], payloads: Sequence[Any]) -> list[Outcome]:
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError (and torch.OutOfMemoryError), or the CPU allocator's failure."""
+    if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError):
+        return True
+    text = str(exc)
+    return "out of memory" in text.lower() or "can't allocate memory" in text
+
+
+def run_batch(
+    forward: Callable[[Sequence[Any]], Sequence[Any]],
+    payloads: Sequence[Any],
+    release_memory: Callable[[], None] = lambda: None,
+) -> Report:
+    report = Report()
+    _run(forward, payloads, release_memory, report)
+    return report
+
+
+def _run(
+    forward: Callable[[Sequence[Any]], Sequence[Any]],
+    payloads: Sequence[Any],
+    release_memory: Callable[[], None],
+    report: Report,
+) -> None:
+    error: str | None = None
+    out_of_memory = False
     try:
         outputs = forward(payloads)
         if len(outputs) != len(payloads):
             # A model that drops or adds outputs would shift results onto the wrong items.
             raise RuntimeError(f"model returned {len(outputs)} outputs for {len(payloads)} inputs")
     except Exception as exc:  # the boundary that turns a model failure into stored errors
+        error, out_of_memory = describe(exc), is_out_of_memory(exc)
+    if error is None:
+        report.largest_ok = max(report.largest_ok, len(payloads))
+        report.outcomes += [NO_OUTPUT if output is None else Outcome(output=output) for output in outputs]
+        return
+    if out_of_memory:
+        # Out of the except block: the exception no longer pins the failed batch's tensors.
+        release_memory()
+        report.out_of_memory_at = max(report.out_of_memory_at or 0, len(payloads))
         if len(payloads) == 1:
-            return [Outcome(error=describe(exc))]
-        middle = len(payloads) // 2
-        return run_isolated(forward, payloads[:middle]) + run_isolated(forward, payloads[middle:])
-    return [Outcome(output=output) if output is not None else NO_OUTPUT for output in outputs]
+            error = f"out of memory even alone: {error}"
+    if len(payloads) == 1:
+        report.outcomes.append(Outcome(error=error))
+        return
+    middle = len(payloads) // 2
+    _run(forward, payloads[:middle], release_memory, report)
+    _run(forward, payloads[middle:], release_memory, report)
