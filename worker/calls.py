@@ -6,6 +6,7 @@ call can skip the producer) and turns what fails into stored errors. No Celery o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,9 +28,10 @@ class InferCall:
     priority: str = "normal"
     offset: int = 0
     total: int = 0
+    expires_at: float | None = None  # Unix time after which items not yet started end as expired
 
     def kwargs(self) -> dict[str, Any]:
-        return {
+        kwargs = {
             "model": self.model,
             "inputs": list(self.inputs),
             "priority": self.priority,
@@ -37,11 +39,14 @@ class InferCall:
             "offset": self.offset,
             "total": self.total,
         }
+        if self.expires_at is not None:
+            kwargs["expires_at"] = self.expires_at
+        return kwargs
 
 
 def parse_call(job_id: str, kwargs: Mapping[str, Any], settings: Settings) -> InferCall:
     """The call a message carries; InvalidInput for anything but the items themselves."""
-    unknown = set(kwargs) - {"model", "inputs", "priority", "job_id", "offset", "total"}
+    unknown = set(kwargs) - {"model", "inputs", "priority", "job_id", "offset", "total", "expires_at"}
     if unknown:
         raise InvalidInput(f"unknown argument(s): {', '.join(sorted(unknown))}")
     model = kwargs.get("model")
@@ -64,7 +69,19 @@ def parse_call(job_id: str, kwargs: Mapping[str, Any], settings: Settings) -> In
         raise InvalidInput(
             f"items {offset}..{offset + len(inputs) - 1} lie beyond the job's total of {total}"
         )
-    return InferCall(str(kwargs.get("job_id") or job_id), model, inputs, priority, offset, total)
+    expires_at = kwargs.get("expires_at")
+    if expires_at is not None and (not isinstance(expires_at, int | float) or isinstance(expires_at, bool)):
+        raise InvalidInput("argument 'expires_at' must be a Unix time in seconds")
+    return InferCall(str(kwargs.get("job_id") or job_id), model, inputs, priority, offset, total, expires_at)
+
+
+def expiry(deadline_s: float | None) -> float | None:
+    """The Unix time ``deadline_s`` from now, for a job that must not start items later than that."""
+    if deadline_s is None:
+        return None
+    if not isinstance(deadline_s, int | float) or isinstance(deadline_s, bool) or deadline_s <= 0:
+        raise InvalidInput("argument 'deadline_s' must be a positive number of seconds")
+    return time.time() + deadline_s
 
 
 def check_items(call: InferCall, settings: Settings) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 from uuid import uuid4
 
-from worker.calls import InferCall, check_items, parse_call
+from worker.calls import InferCall, check_items, expiry, parse_call
 from worker.celery_app import app
 from worker.settings import Settings, get_settings
 from worker.store.results import JobSpec, JobStatus, ResultStore
@@ -39,12 +39,21 @@ class Client:
     def store(self) -> ResultStore:
         return job_store(self.settings.database_url)
 
-    def submit(self, model: str, inputs: Sequence[Any], priority: str = "normal") -> str:
-        """Check all items, register the job, publish it; returns the job id."""
+    def submit(
+        self, model: str, inputs: Sequence[Any], priority: str = "normal", deadline_s: float | None = None
+    ) -> str:
+        """Check all items, register the job, publish it; returns the job id.
+
+        With ``deadline_s``, items not started within that many seconds end as expired errors.
+        """
         job_id = str(uuid4())
-        call = parse_call(
-            job_id, {"model": model, "inputs": list(inputs), "priority": priority}, self.settings
-        )
+        kwargs = {
+            "model": model,
+            "inputs": list(inputs),
+            "priority": priority,
+            "expires_at": expiry(deadline_s),
+        }
+        call = parse_call(job_id, kwargs, self.settings)
         check_items(call, self.settings)
         self.store.create_job(JobSpec(job_id, call.model, call.priority, call.total))
         size = self.settings.submit_chunk_size
@@ -52,8 +61,9 @@ class Client:
         try:
             with app.producer_or_acquire() as producer:
                 for offset in range(0, call.total, size):
+                    items = call.inputs[offset : offset + size]
                     chunk = InferCall(
-                        job_id, call.model, call.inputs[offset : offset + size], priority, offset, call.total
+                        job_id, call.model, items, call.priority, offset, call.total, call.expires_at
                     )
                     publish(chunk, str(uuid4()), producer)
                     published += 1
@@ -96,8 +106,10 @@ def _default() -> Client:
     return Client()
 
 
-def submit(model: str, inputs: Sequence[Any], priority: str = "normal") -> str:
-    return _default().submit(model, inputs, priority)
+def submit(
+    model: str, inputs: Sequence[Any], priority: str = "normal", deadline_s: float | None = None
+) -> str:
+    return _default().submit(model, inputs, priority, deadline_s)
 
 
 def status(job_id: str) -> JobStatus:

@@ -92,7 +92,9 @@ class Settings(BaseSettings):
     # running sequences (pages of 16; n_layer * 2 * n_embd numbers per token, 72 KiB for GPT-2 small in
     # float32); past it the newest sequences are preempted and later resume.
     gpt2_path: str | None = None
-    gpt2_kv_budget_tokens: int = Field(default=16_384, ge=16, description="gpt2: KV-cache tokens, all sequences")
+    gpt2_kv_budget_tokens: int = Field(
+        default=16_384, ge=16, description="gpt2: KV-cache tokens, all sequences"
+    )
 
     @property
     def embedded(self) -> bool:

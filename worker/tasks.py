@@ -12,7 +12,7 @@ from uuid import uuid4
 
 from celery import Task
 
-from worker.calls import TASK_NAME, InferCall, check_items, parse_call
+from worker.calls import TASK_NAME, InferCall, check_items, expiry, parse_call
 from worker.celery_app import app, queue_for
 from worker.models.base import InvalidInput
 from worker.settings import get_settings
@@ -50,7 +50,10 @@ class InferTask(Task):
             raise InvalidInput("infer takes keyword arguments only: infer.delay(model=..., inputs=[...])")
         settings = get_settings()
         task_id = task_id or str(uuid4())
-        call = parse_call(task_id, kwargs or {}, settings)
+        kwargs = dict(kwargs or {})
+        if "deadline_s" in kwargs:
+            kwargs["expires_at"] = expiry(kwargs.pop("deadline_s"))
+        call = parse_call(task_id, kwargs, settings)
         check_items(call, settings)
         job_store(settings.database_url).create_job(
             JobSpec(call.job_id, call.model, call.priority, call.total)

@@ -1,6 +1,7 @@
 """A producer process for integration tests: reads jobs as JSON on stdin, prints their job ids.
 
-Each job is {"via": "delay" | "submit", "model": ..., "inputs": [...], "priority": ...}; "delay"
+Each job is {"via": "delay" | "submit", "model": ..., "inputs": [...], "priority": ..., "deadline_s": ...};
+"delay"
 is the plain Celery task call, "submit" the client's chunked submit.
 """
 
@@ -16,11 +17,14 @@ from worker.tasks import infer
 def main() -> None:
     ids = []
     for job in json.load(sys.stdin):
-        priority = job.get("priority", "normal")
+        priority, deadline_s = job.get("priority", "normal"), job.get("deadline_s")
         if job["via"] == "delay":
-            ids.append(infer.delay(model=job["model"], inputs=job["inputs"], priority=priority).id)
+            call = infer.delay(
+                model=job["model"], inputs=job["inputs"], priority=priority, deadline_s=deadline_s
+            )
+            ids.append(call.id)
         else:
-            ids.append(submit(job["model"], job["inputs"], priority))
+            ids.append(submit(job["model"], job["inputs"], priority, deadline_s))
     json.dump(ids, sys.stdout)
 
 

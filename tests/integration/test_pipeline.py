@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -214,3 +216,56 @@ def test_out_of_memory_splits_batches_and_lowers_n_without_failing_anything(stac
     assert (status.state, status.done, status.failed) == ("succeeded", 2000, 0)
     newest = store.recent_batches(job_id, limit=30)  # newest first
     assert all(b.size <= 16 for b in newest[:20])  # settled at the size that fits
+
+
+@pytest.mark.slow
+def test_cancel_stops_the_remaining_items_and_every_item_still_ends(stack) -> None:
+    env, store = stack
+    env.update(BATCHWORK_SIMULATED_BASE_MS="100", BATCHWORK_SIMULATED_PER_ITEM_MS="0")
+    env["BATCHWORK_BATCHING"] = json.dumps({"simulated": {"max_batch_size": 10, "max_wait_ms": 10}})
+    [job_id] = produce(env, [{"via": "submit", "model": "simulated", "inputs": texts("c", 400)}])
+    with workers(env):
+        while store.status(job_id).done < 20:
+            time.sleep(0.05)
+        cancel = subprocess.run(
+            [sys.executable, "-m", "worker.cli", "cancel", job_id], env=env, capture_output=True, text=True
+        )
+        assert cancel.returncode == 0 and "cancelled" in cancel.stderr
+        done_at_cancel = store.status(job_id).done
+        deadline = time.monotonic() + 30
+        while (status := store.status(job_id)).done + status.failed < 400 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert status.state == "cancelled"
+    assert status.done + status.failed == 400  # every item ended: a result, or "cancelled"
+    ran = [r for r in store.results(job_id) if r.error is None]
+    # The worker looks for cancelled jobs once a second: at 100 items/s, about 100 more may run.
+    assert len(ran) <= done_at_cancel + 130
+    assert len(ran) < 400 - 100
+    assert {r.error for r in store.results(job_id) if r.error} == {"cancelled"}
+
+
+@pytest.mark.slow
+def test_items_not_started_before_the_deadline_end_as_expired(stack) -> None:
+    env, store = stack
+    env.update(BATCHWORK_SIMULATED_BASE_MS="100", BATCHWORK_SIMULATED_PER_ITEM_MS="0")
+    env["BATCHWORK_BATCHING"] = json.dumps(
+        {"simulated": {"max_batch_size": 10, "max_wait_ms": 10, "lanes": {"high": {"max_batch_size": 10}}}}
+    )
+    jobs = [
+        # About 2 s of urgent work ahead of a bulk job that may not start later than 0.5 s from now.
+        {"via": "submit", "model": "simulated", "inputs": texts("first", 200), "priority": "high"},
+        {
+            "via": "delay",
+            "model": "simulated",
+            "inputs": texts("late", 3),
+            "priority": "bulk",
+            "deadline_s": 0.5,
+        },
+    ]
+    with workers(env):
+        first, late = produce(env, jobs)
+        wait_finished(store, [first, late], timeout_s=60)
+    status = store.status(late)
+    assert (status.state, status.done, status.failed) == ("failed", 0, 3)
+    assert all("expired" in r.error for r in store.results(late))
+    assert store.status(first).state == "succeeded"

@@ -32,6 +32,8 @@ from worker.store.results import BatchRecord, ItemOutcome, JobSpec, ResultStore
 
 log = logging.getLogger(__name__)
 
+CANCEL_CHECK_S = 1.0
+
 
 class Message(Protocol):
     """The part of a kombu message the engine uses."""
@@ -94,6 +96,12 @@ class Write:
     jobs: list[JobSpec] = field(default_factory=list)
     degraded: bool = False  # outputs replaced by errors after the database refused them
 
+    def add(self, outcome: ItemOutcome, delivery: Delivery) -> None:
+        self.outcomes.append(outcome)
+        self.deliveries.append(delivery)
+        if delivery.job not in self.jobs:
+            self.jobs.append(delivery.job)
+
 
 class Engine:
     def __init__(
@@ -122,6 +130,9 @@ class Engine:
         self._lock = threading.Condition()
         self._limits: dict[str, SizeLimit] = {}
         self._held: Counter[str] = Counter()
+        self._held_jobs: Counter[str] = Counter()
+        self._cancelled: set[str] = set()
+        self._cancelled_checked = float("-inf")
         self._held_lock = threading.Lock()
         self._stopping = False
         self._finish_waiting = False
@@ -166,9 +177,12 @@ class Engine:
         """Items of this priority received and not yet stored."""
         return self._held[priority]
 
-    def _hold(self, priority: str, count: int) -> None:
+    def _hold(self, job: InferCall | JobSpec, count: int) -> None:
         with self._held_lock:
-            self._held[priority] += count
+            self._held[job.priority] += count
+            self._held_jobs[job.job_id] += count
+            if self._held_jobs[job.job_id] <= 0:
+                del self._held_jobs[job.job_id]
 
     def policy_for(self, lane: LaneKey) -> LanePolicy:
         model, priority = lane
@@ -203,7 +217,7 @@ class Engine:
             self._fail_message(delivery, f"invalid message: {exc}")
             return
         delivery.pending = len(call.inputs)
-        self._hold(call.priority, len(call.inputs))
+        self._hold(call, len(call.inputs))
         self.events.received(delivery)
         try:
             model = self.model(call.model)
@@ -289,6 +303,10 @@ class Engine:
                 self._lock.wait(None if deadline is None else max(0.0, deadline - now))
 
     def _run(self, batch: Batch) -> Write:
+        write = Write(None)
+        batch = self._screen(batch, write)
+        if not batch.items:
+            return write
         slots: list[Slot] = [item.ref for item in batch.items]
         for slot in slots:
             if not slot.delivery.started:
@@ -299,7 +317,7 @@ class Engine:
         report = run_batch(model.forward, [slot.payload for slot in slots], model.release_memory)
         run_ms = (self.clock() - started) * 1000
         self._adapt_size(batch, report)
-        record = BatchRecord(
+        write.record = BatchRecord(
             model=batch.model,
             lane=batch.lane[1],
             size=len(batch.items),
@@ -310,24 +328,50 @@ class Engine:
             started_at=started_at,
             worker=self.worker_name,
         )
-        write = Write(record)
         for item, slot, outcome in zip(batch.items, slots, report.outcomes, strict=True):
-            write.outcomes.append(
-                ItemOutcome(item.job_id, item.index, slot.item_id, outcome.output, outcome.error)
+            write.add(
+                ItemOutcome(item.job_id, item.index, slot.item_id, outcome.output, outcome.error),
+                slot.delivery,
             )
-            write.deliveries.append(slot.delivery)
-        write.jobs = list({d.job: None for d in write.deliveries})
         log.info(
             "batch %s/%s: %d items, tokens %d real / %d padded, oldest waited %.1f ms, ran %.1f ms",
-            batch.model,
-            batch.lane[1],
-            record.size,
-            record.real_tokens,
-            record.padded_tokens,
-            record.wait_ms,
-            run_ms,
+            *(batch.model, batch.lane[1], len(slots), batch.real_tokens, batch.padded_tokens),
+            *(batch.oldest_wait_s * 1000, run_ms),
         )
         return write
+
+    def _screen(self, batch: Batch, write: Write) -> Batch:
+        """The batch without items of cancelled jobs or past their job's deadline; those end as errors."""
+        self._refresh_cancelled()
+        now = time.time()
+        live = []
+        for item in batch.items:
+            slot: Slot = item.ref
+            call = slot.delivery.call
+            assert call is not None
+            if call.job_id in self._cancelled:
+                write.add(
+                    ItemOutcome(item.job_id, item.index, slot.item_id, error="cancelled"), slot.delivery
+                )
+            elif call.expires_at is not None and now > call.expires_at:
+                error = "expired: not started before the job's deadline"
+                write.add(ItemOutcome(item.job_id, item.index, slot.item_id, error=error), slot.delivery)
+            else:
+                live.append(item)
+        return batch if len(live) == len(batch.items) else Batch(batch.lane, tuple(live), batch.formed_at)
+
+    def _refresh_cancelled(self) -> None:
+        """At most once a second, ask the store which jobs held here were cancelled."""
+        now = self.clock()
+        if now - self._cancelled_checked < CANCEL_CHECK_S:
+            return
+        self._cancelled_checked = now
+        with self._held_lock:
+            held = [job_id for job_id, count in self._held_jobs.items() if count > 0]
+        try:
+            self._cancelled = self.store.cancelled(held)
+        except Exception as exc:  # a database outage must not stop the model; try again later
+            log.warning("could not check for cancelled jobs: %s", exc)
 
     def _adapt_size(self, batch: Batch, report: Report) -> None:
         """Lower a model's N at once when a batch ran out of memory; let it grow back slowly."""
@@ -392,17 +436,17 @@ class Engine:
 
     def _settle(self, write: Write) -> None:
         done: list[Delivery] = []
-        released: Counter[str] = Counter()
+        released: Counter[JobSpec] = Counter()
         for delivery, outcome in zip(write.deliveries, write.outcomes, strict=False):
             delivery.pending -= 1
-            released[delivery.job.priority] += 1
+            released[delivery.job] += 1
             delivery.failed += outcome.error is not None
             if delivery.pending == 0:
                 done.append(delivery)
         if not write.outcomes:
             done = write.deliveries
-        for priority, count in released.items():
-            self._hold(priority, -count)
+        for job, count in released.items():
+            self._hold(job, -count)
         if done:
             self.acks.ack([d.message for d in done])
             for delivery in done:

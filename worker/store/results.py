@@ -7,7 +7,7 @@ a model; it takes plain values and gives plain values back.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from operator import attrgetter
@@ -192,6 +192,16 @@ class ResultStore:
         with self.engine.connect() as conn:
             rows = conn.execute(query).all()
         return [_batch_record(row) for row in rows]
+
+    def cancelled(self, job_ids: Iterable[str]) -> set[str]:
+        """Which of these jobs have been cancelled (the worker drops their waiting items)."""
+        ids = list(job_ids)
+        if not ids:
+            return set()
+        job = tables.jobs.c
+        query = select(job.id).where(job.id.in_(ids), job.state == "cancelled")
+        with self.engine.connect() as conn:
+            return set(conn.scalars(query))
 
     def _finish(self, job_id: str, state: str, error: str | None) -> bool:
         job = tables.jobs.c

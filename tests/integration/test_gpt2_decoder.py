@@ -1,0 +1,192 @@
+"""The GPT-2 decoder against transformers' own GPT-2 on a tiny random checkpoint built offline.
+
+Greedy outputs equal ``GPT2LMHeadModel.generate`` token for token while sequences join and leave the
+batch; preemption under a small KV budget changes nothing; a seed gives the same text in any company.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, GPT2LMHeadModel
+
+from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos, with_pytorch_bin  # noqa: F401
+from worker.models.device import resolve_device
+from worker.models.gpt2 import GPT2, Generation
+from worker.models.gpt2_inputs import Prompt
+from worker.settings import Settings
+
+DEVICE = resolve_device("auto")
+# (prompt, max_new_tokens, the step from which it asks to join): one leaves after its first token, two
+# join a running batch in the same step (one prefill of two padded prompts), and with four slots the
+# later ones wait for others to leave.
+CASES = [
+    ("Batch inference gathers many small requests into one large call,", 40, 0),
+    ("Hi", 1, 0),
+    ("Pack my box", 7, 0),
+    ("Greedy decoding always takes the most likely token;", 40, 3),
+    ("0123456789 lengths", 30, 3),
+    ("The key and value cache of every running sequence lives in pages", 25, 5),
+    ("When the cache runs short, the newest sequences are preempted", 12, 10),
+    ("A sequence that finishes leaves", 18, 25),
+]
+SAMPLED = [
+    {"prompt": "Sampling draws from", "max_new_tokens": 30, "temperature": 0.9, "top_k": 50, "seed": 7},
+    {"prompt": "The quick brown fox", "max_new_tokens": 24, "temperature": 1.3, "top_p": 0.9, "seed": 11},
+]
+
+
+class FourSlots(GPT2):
+    max_running = 4
+
+
+def engine(checkpoint: Path, cls: type[GPT2] = GPT2, kv_budget_tokens: int = 16_384) -> GPT2:
+    model = cls(Settings(gpt2_path=str(checkpoint), gpt2_kv_budget_tokens=kv_budget_tokens))
+    model.load(DEVICE)
+    return model
+
+
+def payloads(model: GPT2, items: Sequence[object]) -> list[Prompt]:
+    return [prepared.payload for prepared in model.prepare(items)]
+
+
+def greedy_items() -> list[dict]:
+    return [{"prompt": prompt, "max_new_tokens": n} for prompt, n, _ in CASES]
+
+
+def reference_ids(checkpoint: Path, items: Sequence[dict]) -> list[list[int]]:
+    """transformers' greedy generate on each prompt alone: the generated ids, an EOS included."""
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
+    model = GPT2LMHeadModel.from_pretrained(str(checkpoint), local_files_only=True).to(DEVICE).eval()
+    outputs = []
+    for item in items:
+        ids = torch.tensor([tokenizer(item["prompt"])["input_ids"]], device=DEVICE)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=item["max_new_tokens"],
+            pad_token_id=model.config.eos_token_id,
+            eos_token_id=model.config.eos_token_id,
+        )
+        outputs.append(out[0, ids.shape[1] :].tolist())
+    return outputs
+
+
+def staggered(model: GPT2, prompts: list[Prompt], join_steps: list[int]) -> tuple[dict[int, Generation], list]:
+    """Offer prompt i from step join_steps[i] on (admitted once can_admit allows); step until all finish.
+
+    Returns the generations by index and, per step, (indices admitted before it, running count after it).
+    """
+    offered = sorted(range(len(prompts)), key=lambda i: join_steps[i])
+    done: dict[int, Generation] = {}
+    trace = []
+    step = 0
+    while offered or model.running():
+        joined = []
+        while offered and join_steps[offered[0]] <= step and model.can_admit(prompts[offered[0]].kv_tokens):
+            joined.append(offered.pop(0))
+            model.admit(joined[-1], prompts[joined[-1]])
+        done.update((generation.key, generation) for generation in model.advance())
+        trace.append((joined, model.running()))
+        step += 1
+    return done, trace
+
+
+@pytest.mark.parametrize("variant", ["tiny_gpt2", "tiny_gpt2_eos"])
+def test_greedy_equals_transformers_token_for_token(variant: str, request: pytest.FixtureRequest) -> None:
+    checkpoint = request.getfixturevalue(variant)
+    model = engine(checkpoint, FourSlots)
+    done, trace = staggered(model, payloads(model, greedy_items()), [join for _, _, join in CASES])
+    # In float32: the references below are matched exactly; no near-tie flips on this checkpoint.
+    expected = reference_ids(checkpoint, greedy_items())
+    assert [list(done[i].token_ids) for i in range(len(CASES))] == expected
+    # The batch really was continuous: sequences joined a running batch, more than one at once, and
+    # left it (running went down) before others joined.
+    joins = [joined for joined, _ in trace if joined]
+    assert any(len(joined) > 1 for joined in joins[1:])
+    assert len(joins) >= 4
+    assert any(after < before for (_, before), (_, after) in zip(trace, trace[1:], strict=False))
+    reasons = {done[i].finish_reason for i in range(len(CASES))}
+    assert reasons == ({"length"} if variant == "tiny_gpt2" else {"eos", "length"})
+
+
+def test_outputs_are_text_token_count_and_reason(tiny_gpt2_eos: Path) -> None:  # noqa: F811
+    model = engine(tiny_gpt2_eos)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_gpt2_eos), local_files_only=True)
+    eos = json.loads((tiny_gpt2_eos / "config.json").read_text())["eos_token_id"]
+    outputs = model.run_continuous(payloads(model, greedy_items()))
+    for finished, ids, (_, n, _) in zip(outputs, reference_ids(tiny_gpt2_eos, greedy_items()), CASES, strict=True):
+        by_eos = ids[-1] == eos
+        assert finished.error is None
+        assert finished.output == {
+            "text": tokenizer.decode(ids[:-1] if by_eos else ids, skip_special_tokens=True),
+            "tokens": len(ids),
+            "finish_reason": "eos" if by_eos else "length",
+        }
+        assert by_eos or len(ids) == n
+
+
+def test_preemption_changes_no_output(tiny_gpt2: Path) -> None:  # noqa: F811
+    items = greedy_items() + SAMPLED
+    roomy = engine(tiny_gpt2)
+    expected = roomy.run_continuous(payloads(roomy, items))
+    # 96 tokens (6 pages of 16) hold the largest sequence alone but not all that run side by side.
+    tight = engine(tiny_gpt2, kv_budget_tokens=96)
+    assert tight.run_continuous(payloads(tight, items)) == expected
+    assert roomy.preemptions == 0
+    assert tight.preemptions > 0
+
+
+def test_static_and_one_at_a_time_give_the_continuous_outputs(tiny_gpt2: Path) -> None:  # noqa: F811
+    model = engine(tiny_gpt2, FourSlots)
+    prompts = payloads(model, greedy_items() + SAMPLED)
+    continuous = model.run_continuous(prompts)
+    assert model.run_static(prompts) == continuous
+    assert model.run_static(prompts, batch_size=1) == continuous
+
+
+def test_a_seed_gives_the_same_text_alone_or_in_company(tiny_gpt2: Path) -> None:  # noqa: F811
+    model = engine(tiny_gpt2)
+    seeded = SAMPLED[0]
+    alone = model.run_continuous(payloads(model, [seeded]))[0]
+    company = [*greedy_items(), seeded, *SAMPLED[1:], {**seeded, "prompt": "The cache"}]
+    together = model.run_continuous(payloads(model, company))
+    assert together[len(CASES)].output == alone.output
+    other_seed = model.run_continuous(payloads(model, [{**seeded, "seed": 8}]))[0]
+    assert other_seed.output["text"] != alone.output["text"]
+
+
+def test_a_prompt_too_long_fails_alone(tiny_gpt2: Path) -> None:  # noqa: F811
+    model = engine(tiny_gpt2)
+    items = [
+        {"prompt": "Hi", "max_new_tokens": 3},
+        {"prompt": "Hi", "max_new_tokens": 128},  # 1 + 128 tokens: over the 128-token context
+        {"prompt": "no object"},
+    ]
+    prepared = model.prepare(items)
+    errors = model.check_lengths([p.payload for p in prepared])
+    assert errors[0] is None
+    assert errors[1] is not None and "over the model's context of 128 tokens" in errors[1]
+    assert errors[2] == "missing field 'max_new_tokens'"
+    outputs = model.run_continuous([p.payload for p in prepared])
+    assert outputs[0].error is None and outputs[0].output["tokens"] == 3
+    assert [o.error for o in outputs[1:]] == errors[1:]
+
+
+def test_pytorch_model_bin_loads_the_same(tiny_gpt2: Path, tmp_path: Path) -> None:  # noqa: F811
+    from_bin = engine(with_pytorch_bin(tiny_gpt2, tmp_path))
+    from_safetensors = engine(tiny_gpt2)
+    assert from_bin.run_continuous(payloads(from_bin, greedy_items())) == from_safetensors.run_continuous(
+        payloads(from_safetensors, greedy_items())
+    )
+
+
+@pytest.mark.parametrize("path", [None, "/no/such/checkpoint"])
+def test_a_missing_checkpoint_names_the_setting(path: str | None) -> None:
+    with pytest.raises((RuntimeError, FileNotFoundError), match="BATCHWORK_GPT2_PATH"):
+        GPT2(Settings(gpt2_path=path)).load("cpu")
