@@ -9,7 +9,8 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Queue
 
-from worker.runtime.consumer import BatchingStep, queue_name
+from worker.runtime.consumer import BatchingStep
+from worker.runtime.loop import queue_name
 from worker.settings import PRIORITIES, Settings, get_settings
 
 queue_for = queue_name
@@ -19,8 +20,12 @@ def transport_options(settings: Settings) -> dict[str, object]:
     if settings.embedded:
         return {"polling_interval": 0.005}  # the in-memory broker polls; keep its latency low
     return {
-        # kombu redelivers a message held unacked longer than this; see Settings.prefetch_count.
+        # A message unacked this long returns to its queue. Workers renew the messages they hold
+        # (runtime/loop.py: LeaseRenewal), so this bounds how long a killed worker's messages wait.
         "visibility_timeout": settings.visibility_timeout_s,
+        "unacked_restore_interval": 2,
+        "unacked_restore_throttle": 1,
+        "unacked_restore_limit": 1000,
         # BRPOP checks the queues in the order the worker consumes them: high, normal, bulk.
         "queue_order_strategy": "priority",
         "socket_connect_timeout": 5,

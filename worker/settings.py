@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     prefetch_count: int = Field(default=1024, ge=1)
     # Items of one priority a worker holds before it stops fetching that queue (high never stops).
     max_held_items: int = Field(default=8192, ge=1)
-    visibility_timeout_s: int = Field(default=600, ge=10)
+    visibility_timeout_s: int = Field(default=30, ge=4)
     # client.submit splits a job into messages of this many items.
     submit_chunk_size: int = Field(default=512, ge=1)
 

@@ -77,7 +77,9 @@ def reference_ids(checkpoint: Path, items: Sequence[dict]) -> list[list[int]]:
     return outputs
 
 
-def staggered(model: GPT2, prompts: list[Prompt], join_steps: list[int]) -> tuple[dict[int, Generation], list]:
+def staggered(
+    model: GPT2, prompts: list[Prompt], join_steps: list[int]
+) -> tuple[dict[int, Generation], list]:
     """Offer prompt i from step join_steps[i] on (admitted once can_admit allows); step until all finish.
 
     Returns the generations by index and, per step, (indices admitted before it, running count after it).
@@ -120,7 +122,9 @@ def test_outputs_are_text_token_count_and_reason(tiny_gpt2_eos: Path) -> None:  
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_gpt2_eos), local_files_only=True)
     eos = json.loads((tiny_gpt2_eos / "config.json").read_text())["eos_token_id"]
     outputs = model.run_continuous(payloads(model, greedy_items()))
-    for finished, ids, (_, n, _) in zip(outputs, reference_ids(tiny_gpt2_eos, greedy_items()), CASES, strict=True):
+    for finished, ids, (_, n, _) in zip(
+        outputs, reference_ids(tiny_gpt2_eos, greedy_items()), CASES, strict=True
+    ):
         by_eos = ids[-1] == eos
         assert finished.error is None
         assert finished.output == {

@@ -1,4 +1,4 @@
-"""GPT-2-architecture text generation, continuously batched: sequences join, advance a token a step, and leave.
+"""GPT-2-architecture text generation, continuously batched: sequences join, gain a token a step, and leave.
 
 It must never import torch or transformers at module import (only ``load`` does), never reach a model hub
 (everything comes from the BATCHWORK_GPT2_PATH directory), and never fail a sequence for lack of KV cache:
@@ -7,10 +7,8 @@ the newest running sequences are preempted and later resume by recomputing their
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from worker.models.base import Finished, InvalidInput, Prepared, StepModel
 from worker.models.gpt2_cache import PagePool, pages_for
 from worker.models.gpt2_inputs import Prompt, Request, check_request, context_tokens
+from worker.models.gpt2_scheduler import Generation, LiveSequence, SequenceScheduler
 from worker.settings import get_settings
 
 if TYPE_CHECKING:
@@ -38,35 +37,6 @@ SETUP = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """A sequence that left: its generated token ids (an EOS included) and why it stopped, or its error."""
-
-    key: Any
-    token_ids: tuple[int, ...] = ()
-    finish_reason: str | None = None  # "eos" or "length"
-    error: str | None = None
-
-
-@dataclass(eq=False)
-class LiveSequence:
-    """An admitted sequence. ``cached`` tokens of prompt + generated have keys and values in ``pages``;
-    the newest generated token never has yet: the next decode step feeds it."""
-
-    key: Any
-    prompt: Prompt
-    order: int  # admission order: the highest is the newest, preempted first
-    generated: list[int] = field(default_factory=list)
-    pages: list[int] = field(default_factory=list)
-    cached: int = 0
-    generator: Any = None  # a torch.Generator when sampling
-
-    @property
-    def context(self) -> list[int]:
-        """What a (re)prefill runs: the prompt and everything generated so far."""
-        return [*self.prompt.token_ids, *self.generated]
-
-
 class GPT2(StepModel):
     """GPT-2 text generation (greedy or seeded sampling), continuously batched over a paged KV cache."""
 
@@ -76,19 +46,19 @@ class GPT2(StepModel):
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self.preemptions = 0  # sequences whose cache was freed to make room; each resumed later
-        self._admitted = 0
-        self._waiting: list[LiveSequence] = []  # no cache: new or preempted, by admission order
-        self._running: list[LiveSequence] = []  # with cache, by admission order
-        self._rejected: list[LiveSequence] = []  # payloads that carry an error: they leave at the next step
         self._network: GPT2Network | None = None
-        self._pool: PagePool | None = None
+        self._scheduler: SequenceScheduler | None = None
         # Two tokenizers: prepare may run on another thread than step, and a fast tokenizer is not safe
         # to encode on one thread while it decodes on another ("Already borrowed").
         self._encoder: PreTrainedTokenizerBase | None = None
         self._decoder: PreTrainedTokenizerBase | None = None
         self._sampling: ModuleType | None = None  # worker.models.gpt2_sampling, imported by load with torch
         self._context = 0
+
+    @property
+    def preemptions(self) -> int:
+        """Sequences whose cache was freed to make room (each resumed later), since load."""
+        return _loaded(self._scheduler, "preemptions").preemptions
 
     # -- inputs (any thread) -----------------------------------------------------------------
 
@@ -97,8 +67,8 @@ class GPT2(StepModel):
         # The producer's settings, to bound max_new_tokens by the real context when it can read it.
         check_request(index, item, max_chars, context_tokens(get_settings().gpt2_path))
 
-    def load(self, device: str, *, dtype: str = "float32") -> None:
-        """Read the checkpoint of BATCHWORK_GPT2_PATH onto ``device``; ``dtype`` float64 is for exact tests."""
+    def load(self, device: str) -> None:
+        """Read the checkpoint BATCHWORK_GPT2_PATH names onto ``device``, in float32 however it was saved."""
         import torch
         from transformers import AutoTokenizer
 
@@ -113,11 +83,11 @@ class GPT2(StepModel):
             head_dim=shape.head_dim,
             pages=self.settings.gpt2_kv_budget_tokens // PAGE_TOKENS,
             page_tokens=PAGE_TOKENS,
-            dtype=getattr(torch, dtype),
+            dtype=torch.float32,
             device=device,
         )
         self._network = GPT2Network(shape, read_weights(checkpoint), pool, device)
-        self._pool = pool
+        self._scheduler = SequenceScheduler(pool, self.max_running)
         self._context = shape.context_tokens
         # local_files_only: a missing tokenizer file must fail here, never turn into a download.
         self._encoder = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
@@ -125,8 +95,8 @@ class GPT2(StepModel):
         self._sampling = gpt2_sampling
 
     def prepare(self, items: Sequence[object]) -> list[Prepared]:
-        """Tokenize a whole message at once. Never raises for one item: an item that cannot run becomes a
-        payload with an ``error`` (see ``check_lengths``), which leaves at the first step after it is admitted.
+        """Tokenize a whole message at once. Never raises for one item: an item that cannot run becomes
+        a payload with an ``error`` (see ``check_lengths``); admitted, it leaves with it at the next step.
         """
         encoder = _loaded(self._encoder, "prepare")
         checked: list[Request | InvalidInput] = []
@@ -138,7 +108,8 @@ class GPT2(StepModel):
         prompts = [r.prompt for r in checked if isinstance(r, Request)]
         encoded = iter(encoder(prompts, return_attention_mask=False)["input_ids"] if prompts else [])
         return [
-            self._prepared(r, next(encoded)) if isinstance(r, Request) else _rejected(r.detail) for r in checked
+            self._prepared(r, next(encoded)) if isinstance(r, Request) else _rejected(r.detail)
+            for r in checked
         ]
 
     def check_lengths(self, payloads: Sequence[Prompt]) -> list[str | None]:
@@ -158,7 +129,7 @@ class GPT2(StepModel):
         need = f"the prompt has {tokens} tokens; with max_new_tokens {prompt.max_new_tokens} that is {total}"
         if total > self._context:
             return f"{need}, over the model's context of {self._context} tokens"
-        budget = _loaded(self._pool, "prepare").pages * PAGE_TOKENS
+        budget = _loaded(self._network, "prepare").pool.pages * PAGE_TOKENS
         if pages_for(total, PAGE_TOKENS) * PAGE_TOKENS > budget:
             return f"{need}, over the KV-cache budget of {budget} (BATCHWORK_GPT2_KV_BUDGET_TOKENS)"
         return None
@@ -166,37 +137,19 @@ class GPT2(StepModel):
     # -- stepping (the engine's one model thread) --------------------------------------------
 
     def can_admit(self, length: int) -> bool:
-        """Room for a sequence that may need ``length`` (= Prepared.length: prompt + max_new_tokens) KV tokens?
-
-        Yes when a slot is free, no preempted sequence is waiting to resume (they go first), and the free
-        pages hold the newcomer's whole worst case plus what is already promised: the full worst case of
-        every admitted sequence not yet prefilled, and one page per running sequence for its next token.
-        So admitting never preempts by itself; only running sequences outgrowing the cache later do.
-        """
-        pool = _loaded(self._pool, "can_admit")
-        if self.running() >= self.max_running:
-            return False
-        if not self._running and not self._waiting:
-            return True  # an idle model takes anything prepare let through, so the engine never stalls
-        if any(seq.generated for seq in self._waiting):
-            return False
-        promised = sum(pages_for(seq.prompt.kv_tokens, PAGE_TOKENS) for seq in self._waiting)
-        return pages_for(length, PAGE_TOKENS) + promised + len(self._running) <= pool.free_pages
+        """Room for a sequence needing up to ``length`` (Prepared.length) KV tokens? See SequenceScheduler."""
+        return _loaded(self._scheduler, "can_admit").can_admit(length)
 
     def admit(self, key: Any, payload: Any) -> None:
         if not isinstance(payload, Prompt):
             raise TypeError(f"GPT2.admit takes a payload from GPT2.prepare, not {type(payload).__name__}")
-        self._admitted += 1
-        seq = LiveSequence(key, payload, self._admitted)
-        if payload.error is not None:
-            self._rejected.append(seq)
-            return
-        if not payload.sampling.greedy:
-            seq.generator = _loaded(self._sampling, "admit").new_generator(payload.sampling)
-        self._waiting.append(seq)
+        generator = None
+        if payload.error is None and not payload.sampling.greedy:
+            generator = _loaded(self._sampling, "admit").new_generator(payload.sampling)
+        _loaded(self._scheduler, "admit").admit(key, payload, generator)
 
     def running(self) -> int:
-        return len(self._running) + len(self._waiting) + len(self._rejected)
+        return 0 if self._scheduler is None else self._scheduler.running()
 
     def step(self) -> list[Finished]:
         return [self._finished(generation) for generation in self.advance()]
@@ -204,52 +157,13 @@ class GPT2(StepModel):
     def advance(self) -> list[Generation]:
         """One step: every running sequence gains a token, waiting ones that fit are prefilled and gain
         their first; those that reached EOS or max_new_tokens leave, with their token ids."""
-        rejected = [Generation(seq.key, error=seq.prompt.error) for seq in self._rejected]
-        self._rejected = []
-        decoding = self._make_room()
-        joining = self._join()
+        scheduler, network = _loaded(self._scheduler, "step"), _loaded(self._network, "step")
+        decoding, joining, rejected = scheduler.schedule()
         if decoding:
             self._decode(decoding)
         if joining:
             self._prefill(joining)
-        return rejected + self._retire()
-
-    def _make_room(self) -> list[LiveSequence]:
-        """A page for every running sequence whose next token starts one, preempting the newest while short."""
-        pool = _loaded(self._pool, "step")
-        while True:
-            full = [seq for seq in self._running if seq.cached == len(seq.pages) * PAGE_TOKENS]
-            if len(full) <= pool.free_pages:
-                break
-            # Terminates: pages belong only to running sequences, and any one alone fits (prepare checked).
-            self._preempt(self._running[-1])
-        for seq in full:
-            seq.pages.extend(pool.allocate(1))
-        return list(self._running)
-
-    def _preempt(self, seq: LiveSequence) -> None:
-        _loaded(self._pool, "step").release(seq.pages)
-        seq.pages, seq.cached = [], 0
-        self._running.remove(seq)
-        bisect.insort(self._waiting, seq, key=lambda s: s.order)
-        self.preemptions += 1
-
-    def _join(self) -> list[LiveSequence]:
-        """Waiting sequences, oldest first and none overtaking, that get pages to be prefilled this step."""
-        pool = _loaded(self._pool, "step")
-        joining: list[LiveSequence] = []
-        while self._waiting:
-            seq = self._waiting[0]
-            need = pages_for(len(seq.prompt.token_ids) + len(seq.generated), PAGE_TOKENS)
-            # A resuming sequence also leaves the running ones a page each, or the next step would preempt it
-            # straight away; a new one had that room promised by can_admit.
-            spare = len(self._running) + len(joining) if seq.generated else 0
-            if need + spare > pool.free_pages:
-                break
-            seq.pages = pool.allocate(need)
-            joining.append(self._waiting.pop(0))
-        self._running = sorted(self._running + joining, key=lambda s: s.order)
-        return joining
+        return rejected + scheduler.retire(network.shape.eos_token_ids)
 
     def _decode(self, seqs: list[LiveSequence]) -> None:
         network = _loaded(self._network, "step")
@@ -276,22 +190,6 @@ class GPT2(StepModel):
         for seq, token in zip(seqs, tokens, strict=True):
             seq.generated.append(token)
 
-    def _retire(self) -> list[Generation]:
-        network, pool = _loaded(self._network, "step"), _loaded(self._pool, "step")
-        done, staying = [], []
-        for seq in self._running:
-            if seq.generated[-1] in network.shape.eos_token_ids:
-                reason = "eos"
-            elif len(seq.generated) >= seq.prompt.max_new_tokens:
-                reason = "length"
-            else:
-                staying.append(seq)
-                continue
-            pool.release(seq.pages)
-            done.append(Generation(seq.key, tuple(seq.generated), reason))
-        self._running = staying
-        return done
-
     def _finished(self, generation: Generation) -> Finished:
         if generation.error is not None:
             return Finished(generation.key, error=generation.error)
@@ -299,7 +197,8 @@ class GPT2(StepModel):
         # The EOS counts as a generated token (as in generate's output) but is no part of the text.
         text_ids = ids[:-1] if generation.finish_reason == "eos" else ids
         text = _loaded(self._decoder, "step").decode(list(text_ids), skip_special_tokens=True)
-        return Finished(generation.key, {"text": text, "tokens": len(ids), "finish_reason": generation.finish_reason})
+        output = {"text": text, "tokens": len(ids), "finish_reason": generation.finish_reason}
+        return Finished(generation.key, output)
 
     # -- whole runs, for benchmarks: the same engine batched three ways ------------------------
 
@@ -318,15 +217,15 @@ class GPT2(StepModel):
         step until all of it has finished, then the next; ``batch_size=1`` runs one sequence at a time."""
         size = batch_size or self.max_running
         results: dict[Any, Finished] = {}
-        index = 0
-        while index < len(payloads):
-            start = index
-            while index < len(payloads) and index - start < size and self.can_admit(payloads[index].kv_tokens):
-                self.admit(index, payloads[index])
-                index += 1
+        queued = deque(enumerate(payloads))
+        while queued:
+            batch = 0
+            while queued and batch < size and self.can_admit(queued[0][1].kv_tokens):
+                self.admit(*queued.popleft())
+                batch += 1
             while self.running():
                 results.update((done.key, done) for done in self.step())
-        return [results[i] for i in range(len(payloads))]
+        return [results[index] for index in range(len(payloads))]
 
 
 def checkpoint_dir(setting: str | None) -> Path:

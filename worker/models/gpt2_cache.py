@@ -1,6 +1,6 @@
-"""The GPT-2 KV cache: one pool of fixed-size pages shared by all running sequences, each holding its own list.
+"""The GPT-2 KV cache: one pool of fixed-size pages shared by all running sequences, each with its own list.
 
-It must never decide who gets pages (``GPT2`` admits and preempts) and never pad sequences to each other in
+It must never decide who gets pages (the SequenceScheduler does) and never pad sequences to each other in
 memory: a sequence holds ceil(its cached tokens / page_tokens) pages, whatever the others hold. torch is
 imported only when a pool is made, so the page arithmetic can be imported anywhere.
 """
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class PagePool:
-    """Keys and values of ``pages`` pages of ``page_tokens`` tokens, per layer: [layers, pages, heads, tokens, dim]."""
+    """Keys and values, each [layers, pages, heads, page_tokens, head_dim], of one shared pool of pages."""
 
     def __init__(
         self,

@@ -113,7 +113,7 @@ class GPT2Network:
 
     @torch.inference_mode()
     def prefill(self, prompts: list[list[int]], pages: list[list[int]]) -> torch.Tensor:
-        """Run whole prompts (right-padded together), cache them, and return each one's last logits [b, vocab]."""
+        """Run whole prompts (right-padded together), cache them, and give each one's last logits [b, V]."""
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         longest = max(len(p) for p in prompts)
         ids = torch.tensor([p + [0] * (longest - len(p)) for p in prompts], device=self.device)

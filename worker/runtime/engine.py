@@ -131,6 +131,7 @@ class Engine:
         self._limits: dict[str, SizeLimit] = {}
         self._held: Counter[str] = Counter()
         self._held_jobs: Counter[str] = Counter()
+        self._holding: set[Delivery] = set()
         self._cancelled: set[str] = set()
         self._cancelled_checked = float("-inf")
         self._held_lock = threading.Lock()
@@ -153,7 +154,15 @@ class Engine:
 
     def accept(self, message: Message) -> None:
         """Called by the consumer for each message; must return at once."""
-        self._intake.put(Delivery(message, self.clock()))
+        delivery = Delivery(message, self.clock())
+        with self._held_lock:
+            self._holding.add(delivery)
+        self._intake.put(delivery)
+
+    def held_messages(self) -> list[Delivery]:
+        """Deliveries received and not yet acknowledged."""
+        with self._held_lock:
+            return list(self._holding)
 
     def stop(self, *, finish_waiting: bool, timeout_s: float = 60.0) -> None:
         """Stop after the batch in flight, storing and acking what ran.
@@ -424,7 +433,12 @@ class Engine:
         if write.record is None and not write.outcomes:
             self._store_refusal(write.deliveries[0])
         else:
-            self.store.write_batch(write.record, write.outcomes, write.jobs)
+            stored = self.store.write_batch(write.record, write.outcomes, write.jobs)
+            if stored < len(write.outcomes):
+                # Redelivered messages: first writer wins, nothing is counted twice.
+                log.info(
+                    "%d of %d outcomes were already stored", len(write.outcomes) - stored, len(write.outcomes)
+                )
 
     def _store_refusal(self, delivery: Delivery) -> None:
         kwargs = _safe_kwargs(delivery.message)
@@ -448,6 +462,8 @@ class Engine:
         for job, count in released.items():
             self._hold(job, -count)
         if done:
+            with self._held_lock:
+                self._holding.difference_update(done)
             self.acks.ack([d.message for d in done])
             for delivery in done:
                 self.events.finished(delivery)
