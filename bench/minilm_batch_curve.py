@@ -1,24 +1,24 @@
 """Measures MiniLM's batch curve on this machine, to choose its default N (max_batch_size).
 
-For N = 1, 2, 4, ... it times our ``MiniLM.forward`` (and ``prepare`` + ``forward``) beside
-sentence-transformers' ``encode`` at the same batch size, on a seeded corpus of 5-40 word sentences.
-It prints a table and never asserts. Run from the repository root: ``python -m bench.minilm_batch_curve``.
+For N = 1, 2, 4, ... it times our ``MiniLM.forward`` beside sentence-transformers' ``encode`` at the same
+batch size, on a seeded corpus of 5-40 word sentences. It prints a table and never asserts.
+Run from the repository root: ``python -m bench.minilm_batch_curve``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any
 
 from worker.models.device import resolve_device
 from worker.models.minilm import MiniLM
 from worker.settings import Settings
-
-Batch = TypeVar("Batch")
 
 VOCABULARY = (
     "the of and to in is was for that with as on by at from his her their it this be are an or which "
@@ -50,14 +50,49 @@ def corpus(size: int, seed: int) -> list[str]:
     return sentences
 
 
-def timings_ms(run: Callable[[Batch], object], batches: Sequence[Batch]) -> list[float]:
-    run(batches[0])  # warm-up: first call at a new shape allocates
-    times = []
-    for texts in batches:
-        started = time.perf_counter()
-        run(texts)
-        times.append((time.perf_counter() - started) * 1000)
-    return times
+@dataclass
+class Point:
+    """The batches of one N, and each batch's fastest time so far for us and for sentence-transformers."""
+
+    n: int
+    texts: list[list[str]]
+    payloads: list[list[list[int]]]
+    ours_ms: list[float] = field(default_factory=list)
+    st_ms: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.forget_times()
+
+    def tokens_per_s(self) -> float:
+        """Real (unpadded) tokens per second of our forward: comparable across N, bucketed or not."""
+        rates = [
+            sum(map(len, batch)) / ms * 1000 for batch, ms in zip(self.payloads, self.ours_ms, strict=True)
+        ]
+        return statistics.median(rates)
+
+    def forget_times(self) -> None:
+        self.ours_ms = [math.inf] * len(self.texts)
+        self.st_ms = [math.inf] * len(self.texts)
+
+
+def elapsed_ms(run: Callable[..., object], *args: Any) -> float:
+    started = time.perf_counter()
+    run(*args)
+    return (time.perf_counter() - started) * 1000
+
+
+def st_encode(reference: Any, texts: list[str]) -> object:
+    # One encode call per batch, at batch_size=N, so both sides see the same batch.
+    return reference.encode(texts, batch_size=len(texts), normalize_embeddings=True, show_progress_bar=False)
+
+
+def sweep(points: Sequence[Point], ours: MiniLM, reference: Any | None) -> None:
+    """Runs every batch of every N once; each batch keeps its fastest time."""
+    for point in points:
+        for rep, texts in enumerate(point.texts):
+            point.ours_ms[rep] = min(point.ours_ms[rep], elapsed_ms(ours.forward, point.payloads[rep]))
+            if reference is not None:
+                point.st_ms[rep] = min(point.st_ms[rep], elapsed_ms(st_encode, reference, texts))
 
 
 def reps_for(n: int, items_per_point: int) -> int:
@@ -76,24 +111,34 @@ def draw_batches(
     return [by_length[start : start + n] for start in starts]
 
 
-# Medians describe a typical batch; the fastest forward shows the curve when a shared CPU is noisy.
-COLUMNS = ["N", "fwd ms", "fwd min ms", "fwd items/s", "prep+fwd ms", "ST ms", "ST items/s"]
-
-
-def print_row(cells: Sequence[object]) -> None:
-    print("".join(f"{cell!s:>12}" for cell in cells))
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-n", type=int, default=256)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
-    parser.add_argument("--items-per-point", type=int, default=128, help="items timed per N (sets the reps)")
+    parser.add_argument("--items-per-point", type=int, default=128, help="items per N and round (sets reps)")
+    parser.add_argument("--rounds", type=int, default=2, help="times each batch runs; its fastest counts")
     parser.add_argument("--bucketed", action="store_true", help="batches of similar-length sentences")
     parser.add_argument("--no-reference", action="store_true", help="skip sentence-transformers' encode")
     parser.add_argument("--seed", type=int, default=7)
     return parser.parse_args()
+
+
+def print_table(points: Sequence[Point]) -> None:
+    columns = ["N", "ours ms", "ours items/s", "ours tok/s", "ST ms", "ST items/s"]
+    print("".join(f"{column:>13}" for column in columns))
+    print("-" * 13 * len(columns))
+    for point in points:
+        ours, st = statistics.median(point.ours_ms), statistics.median(point.st_ms)
+        st_cells = ["-", "-"] if math.isinf(st) else [f"{st:.1f}", f"{point.n / st * 1000:.0f}"]
+        cells = [
+            point.n,
+            f"{ours:.1f}",
+            f"{point.n / ours * 1000:.0f}",
+            f"{point.tokens_per_s():.0f}",
+            *st_cells,
+        ]
+        print("".join(f"{cell!s:>13}" for cell in cells))
 
 
 def main() -> None:
@@ -107,36 +152,25 @@ def main() -> None:
     device = resolve_device(args.device)
     ours = MiniLM(Settings())
     ours.load(device)
-    reference = SentenceTransformer(str(get_model_path()), device=device)
+    reference = None if args.no_reference else SentenceTransformer(str(get_model_path()), device=device)
     sentences = corpus(4096, args.seed)
     rng = random.Random(args.seed)
+    points = []
+    for n in (2**power for power in range(args.max_n.bit_length())):
+        texts = draw_batches(sentences, n, reps_for(n, args.items_per_point), rng, args.bucketed)
+        points.append(Point(n, texts, [[p.payload for p in ours.prepare(batch)] for batch in texts]))
 
-    def prepare_forward(texts: list[str]) -> object:
-        return ours.forward([prepared.payload for prepared in ours.prepare(texts)])
-
-    def st_encode(texts: list[str]) -> object:
-        # One encode call per batch, at batch_size=N, so both sides see the same batch.
-        return reference.encode(
-            texts, batch_size=len(texts), normalize_embeddings=True, show_progress_bar=False
-        )
-
+    sweep(points, ours, reference)  # warm-up: first calls at new shapes allocate
+    for point in points:
+        point.forget_times()
+    # Rounds sweep all N in turn, so a burst of load from elsewhere on a shared machine hits one round
+    # of every N rather than every rep of one N; each batch keeps its fastest round.
+    for _ in range(args.rounds):
+        sweep(points, ours, reference)
     print(
-        f"device={device} torch_threads={torch.get_num_threads()} corpus=5-40 words "
-        f"bucketed={args.bucketed} seed={args.seed}"
+        f"device={device} torch_threads={torch.get_num_threads()} bucketed={args.bucketed} seed={args.seed}"
     )
-    print_row(COLUMNS)
-    print("-" * (12 * len(COLUMNS)))
-    n = 1
-    while n <= args.max_n:
-        batches = draw_batches(sentences, n, reps_for(n, args.items_per_point) + 1, rng, args.bucketed)
-        payloads = [[prepared.payload for prepared in ours.prepare(texts)] for texts in batches]
-        fwd_times = timings_ms(ours.forward, payloads)
-        fwd = statistics.median(fwd_times)
-        prep_fwd = statistics.median(timings_ms(prepare_forward, batches))
-        st = float("nan") if args.no_reference else statistics.median(timings_ms(st_encode, batches))
-        ours_cells = [n, f"{fwd:.1f}", f"{min(fwd_times):.1f}", f"{n / fwd * 1000:.0f}", f"{prep_fwd:.1f}"]
-        print_row([*ours_cells, f"{st:.1f}", f"{n / st * 1000:.0f}"])
-        n *= 2
+    print_table(points)
 
 
 if __name__ == "__main__":

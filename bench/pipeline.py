@@ -52,6 +52,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--timeout-s", type=float, default=240, help="give up on one measured phase after this")
     p.add_argument("--py-spy", type=Path, default=None, metavar="DIR", help="sample each worker with py-spy")
+    p.add_argument("--py-spy-gil", action="store_true", help="with --py-spy: only samples holding the GIL")
     p.add_argument(
         "--profile-producer",
         action="store_true",
@@ -188,20 +189,16 @@ def _prepare_process(found: Services) -> None:
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     cells = [[_cell(value) for value in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    print(
-        "  "
-        + "  ".join(
-            h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths, strict=True))
-        )
-    )
-    print("  " + "  ".join("-" * w for w in widths))
+    print(_line(headers, widths))
+    print(_line(["-" * w for w in widths], widths))
     for row in cells:
-        print(
-            "  "
-            + "  ".join(
-                c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
+        print(_line(row, widths))
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    """First column left-aligned, the numbers right-aligned."""
+    padded = [c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+    return "  " + "  ".join(padded)
 
 
 def _cell(value: object) -> str:
@@ -313,81 +310,99 @@ def minilm_section(args: argparse.Namespace, services: Services) -> None:
     n, texts = args.minilm_n, corpus(args.minilm_items, args.seed)
     print(
         f"\n== 1. MiniLM raw vs pipeline: {len(texts)} sentences of 5-40 words (seed {args.seed}), N={n}, "
-        f"max_wait_ms={args.minilm_wait_ms:g}, reps={args.minilm_reps}, "
+        f"max_wait_ms={args.minilm_wait_ms:g}, reps={args.minilm_reps} (order raw,pipe,pipe,raw,...), "
         f"torch threads={torch.get_num_threads()}"
     )
     model = MiniLM(Settings())
     model.load(resolve_device("auto"))
     batches = [texts[i : i + n] for i in range(0, len(texts), n)]
-
-    def raw() -> tuple[float, float, float]:
-        prepare_s = forward_s = 0.0
-        started = time.perf_counter()
-        for batch in batches:
-            t0 = time.perf_counter()
-            payloads = [prepared.payload for prepared in model.prepare(batch)]
-            t1 = time.perf_counter()
-            model.forward(payloads)
-            prepare_s, forward_s = prepare_s + t1 - t0, forward_s + time.perf_counter() - t1
-        return len(texts) / (time.perf_counter() - started), prepare_s, forward_s
-
-    worker = batchwork_worker(
-        services,
-        "minilm",
-        batching={"minilm": {"max_batch_size": n, "max_wait_ms": args.minilm_wait_ms}},
-        preload=["minilm"],
-    )
+    knobs = {"minilm": {"max_batch_size": n, "max_wait_ms": args.minilm_wait_ms}}
+    worker = batchwork_worker(services, "minilm", batching=knobs, preload=["minilm"])
     worker.wait_ready()
     wait_job(submit("minilm", texts[: 4 * n]), args.timeout_s)  # warm-up: first shapes allocate
     for batch in batches[:4]:
         model.forward([prepared.payload for prepared in model.prepare(batch)])
 
-    table = []
-    raw_rates, pipe_rates = [], []
+    table: list[list[object]] = []
+    rates: dict[str, list[float]] = {"raw": [], "pipeline": []}
     for rep in range(args.minilm_reps):
-        worker.pause()  # an idle worker still wakes every 5 ms (its ack timer); keep it off the CPU here
-        try:
-            rate, prepare_s, forward_s = raw()
-        finally:
-            worker.resume()
-        raw_rates.append(rate)
-        table.append(
-            [f"raw #{rep + 1}", rate, f"{prepare_s:.2f}", f"{forward_s:.2f}", len(batches), n, "", ""]
-        )
-        services.truncate()
-        with spy.record(worker.pid, args.py_spy, f"minilm-pipeline-{rep + 1}"):
-            started = time.time()
-            job = wait_job(submit("minilm", texts), args.timeout_s)
-        rate = job.done / (epoch(job.finished_at) - started)
-        pipe_rates.append(rate)
-        count, size, run_ms, padding = batch_stats(services)
-        busy = run_ms / 1000 / (epoch(job.finished_at) - started)
-        table.append(
-            [
-                f"pipeline #{rep + 1}",
-                rate,
-                "",
-                f"{run_ms / 1000:.2f}",
-                count,
-                f"{size:.1f}",
-                f"{padding:.2f}",
-                f"{busy:.0%}",
-            ]
-        )
-    print_table(
-        ["run", "items/s", "prepare s", "forward s", "batches", "mean N", "padded/real", "model busy"], table
-    )
-    raw_rate, pipe_rate = statistics.median(raw_rates), statistics.median(pipe_rates)
+        # Alternating order (ABBA) cancels a load that drifts steadily during the run.
+        for kind in ("raw", "pipeline") if rep % 2 == 0 else ("pipeline", "raw"):
+            if kind == "raw":
+                rate, cells = _minilm_raw(model, batches, worker)
+            else:
+                rate, cells = _minilm_pipeline(args, services, texts, worker, f"minilm-pipeline-{rep + 1}")
+            rates[kind].append(rate)
+            table.append([f"{kind} #{rep + 1}", rate, *cells])
+    headers = ["run", "items/s", "prepare s", "forward s", "batches", "mean N", "padded/real", "model busy"]
+    print_table([*headers, "CPU bench", "CPU worker", "CPU others"], table)
+    raw_rate, pipe_rate = statistics.median(rates["raw"]), statistics.median(rates["pipeline"])
+    pairs = ", ".join(ratio(p, r) for p, r in zip(rates["pipeline"], rates["raw"], strict=True))
     print(
         f"  median raw {raw_rate:,.0f} items/s, pipeline {pipe_rate:,.0f} items/s: "
-        f"pipeline/raw = {ratio(pipe_rate, raw_rate)} (target >= 0.90)"
+        f"pipeline/raw = {ratio(pipe_rate, raw_rate)} (target >= 0.90); per rep {pairs}"
     )
-    print(
-        "  (forward s of a pipeline run is the worker's sum of batches.run_ms; model busy = that / wall time)"
-    )
+    print("  forward s of a pipeline run: the worker's sum of batches.run_ms; model busy: that / wall time;")
+    print("  CPU in cores; 'others' is the rest of the machine (PostgreSQL, Redis, other users)")
     worker.stop()
     print_problems([worker])
     services.truncate()
+
+
+def _minilm_raw(model: Any, batches: list[list[str]], worker: WorkerProcess) -> tuple[float, list[object]]:
+    """prepare + forward in a plain loop; the idle worker is stopped meanwhile (its 5 ms ack timer)."""
+    prepare_s = forward_s = 0.0
+    worker.pause()
+    try:
+        with processes.CpuMeter(worker) as cpu:
+            started = time.perf_counter()
+            for batch in batches:
+                t0 = time.perf_counter()
+                payloads = [prepared.payload for prepared in model.prepare(batch)]
+                t1 = time.perf_counter()
+                model.forward(payloads)
+                prepare_s, forward_s = prepare_s + t1 - t0, forward_s + time.perf_counter() - t1
+            elapsed = time.perf_counter() - started
+    finally:
+        worker.resume()
+    items = sum(len(batch) for batch in batches)
+    cells: list[object] = [
+        f"{prepare_s:.2f}",
+        f"{forward_s:.2f}",
+        len(batches),
+        len(batches[0]),
+        "",
+        "",
+        *_cores(cpu),
+    ]
+    return items / elapsed, cells
+
+
+def _minilm_pipeline(
+    args: argparse.Namespace, services: Services, texts: list[str], worker: WorkerProcess, name: str
+) -> tuple[float, list[object]]:
+    from worker.client import submit
+
+    services.truncate()
+    with spy.record(worker.pid, args.py_spy, name, args.py_spy_gil), processes.CpuMeter(worker) as cpu:
+        started = time.time()
+        job = wait_job(submit("minilm", texts), args.timeout_s)
+    elapsed = epoch(job.finished_at) - started
+    count, size, run_ms, padding = batch_stats(services)
+    cells: list[object] = [
+        "",
+        f"{run_ms / 1000:.2f}",
+        count,
+        f"{size:.1f}",
+        f"{padding:.2f}",
+        f"{run_ms / 1000 / elapsed:.0%}",
+        *_cores(cpu),
+    ]
+    return job.done / elapsed, cells
+
+
+def _cores(cpu: processes.CpuMeter) -> list[str]:
+    return [f"{cpu.cores[key]:.2f}" for key in ("bench", "workers", "others")]
 
 
 # -- figure 2: noop, many single-item calls -------------------------------------------------------
@@ -492,6 +507,8 @@ def noop_calls_section(args: argparse.Namespace, services: Services) -> None:
             "items/s first->last write",
             "wall s",
             "batches (mean size)",
+            "CPU worker",
+            "CPU others",
         ],
         table,
     )
@@ -532,18 +549,18 @@ def measure_calls(
     workers: list[WorkerProcess],
 ) -> tuple[float, float]:
     """Drain a pre-filled queue, then run end to end with the same worker; (end-to-end, drain) items/s."""
-    total = len(items)
     services.truncate()
     started = time.time()
     for i, item in enumerate(items):
         system.publish(i, item)
-    publish_rate = total / (time.time() - started)
+    publish_rate = len(items) / (time.time() - started)
     worker = system.start()
     workers.append(worker)
     try:
         ready = worker.wait_ready()
-        with spy.record(worker.pid, args.py_spy, f"calls-{system.name}-drain"):
-            found = wait_rows(services, system.table, total, args.timeout_s)
+        spied = spy.record(worker.pid, args.py_spy, f"calls-{system.name}-drain", args.py_spy_gil)
+        with spied, processes.CpuMeter(worker) as cpu:
+            found = wait_rows(services, system.table, len(items), args.timeout_s)
         drain = found.count / (found.last - ready)
         table.append(
             [
@@ -554,36 +571,52 @@ def measure_calls(
                 found.commit_rate(),
                 f"{found.last - ready:.2f}",
                 _batches(services, system),
+                *_cores(cpu)[1:],
             ]
         )
-
         services.truncate()
-        profiler = _profiler(args.profile_producer and system.name == "batchwork")
-        with spy.record(worker.pid, args.py_spy, f"calls-{system.name}-e2e"):
-            started = time.time()
-            profiler.enable() if profiler else None
-            for i, item in enumerate(items):
-                system.publish(i, item)
-            profiler.disable() if profiler else None
-            published = time.time()
-            found = wait_rows(services, system.table, total, args.timeout_s)
-        e2e = found.count / (found.last - started)
-        table.append(
-            [
-                system.name,
-                "end-to-end",
-                total / (published - started),
-                e2e,
-                found.commit_rate(),
-                f"{found.last - started:.2f}",
-                _batches(services, system),
-            ]
-        )
-        if profiler:
-            _print_profile(profiler, f"{total} infer.delay calls")
+        e2e = _calls_end_to_end(args, services, system, items, worker, table)
     finally:
         worker.stop()
     return e2e, drain
+
+
+def _calls_end_to_end(
+    args: argparse.Namespace,
+    services: Services,
+    system: System,
+    items: list[str],
+    worker: WorkerProcess,
+    table: list[list[object]],
+) -> float:
+    profiler = _profiler(args.profile_producer and system.name == "batchwork")
+    spied = spy.record(worker.pid, args.py_spy, f"calls-{system.name}-e2e", args.py_spy_gil)
+    with spied, processes.CpuMeter(worker) as cpu:
+        started = time.time()
+        if profiler:
+            profiler.enable()
+        for i, item in enumerate(items):
+            system.publish(i, item)
+        if profiler:
+            profiler.disable()
+        published = time.time()
+        found = wait_rows(services, system.table, len(items), args.timeout_s)
+    e2e = found.count / (found.last - started)
+    table.append(
+        [
+            system.name,
+            "end-to-end",
+            len(items) / (published - started),
+            e2e,
+            found.commit_rate(),
+            f"{found.last - started:.2f}",
+            _batches(services, system),
+            *_cores(cpu)[1:],
+        ]
+    )
+    if profiler:
+        _print_profile(profiler, f"{len(items)} infer.delay calls")
+    return e2e
 
 
 def _batches(services: Services, system: System) -> str:
@@ -643,7 +676,10 @@ def noop_submit_section(args: argparse.Namespace, services: Services) -> None:
         ResultStore.create_job = watch.wrap("create_job", original_create)  # type: ignore[method-assign]
         profiler = _profiler(args.profile_producer)
         try:
-            with spy.record(worker.pid, args.py_spy, "submit-worker"):
+            with (
+                spy.record(worker.pid, args.py_spy, "submit-worker", args.py_spy_gil),
+                processes.CpuMeter(worker) as cpu,
+            ):
                 started = time.time()
                 profiler.enable() if profiler else None
                 job_id = submit("noop", inputs)
@@ -691,7 +727,8 @@ def noop_submit_section(args: argparse.Namespace, services: Services) -> None:
         print(
             f"  job {job.state}: {job.done} done, {job.failed} failed; "
             f"{count} batches, mean size {size:.0f}, "
-            f"model run {run_ms / 1000:.2f} s in all"
+            f"model run {run_ms / 1000:.2f} s in all; CPU (cores) worker {cpu.cores['workers']:.2f}, "
+            f"bench {cpu.cores['bench']:.2f}, others {cpu.cores['others']:.2f}"
         )
         print(f"  end to end {job.done / (finished - started):,.0f} items/s (target >= 20,000)")
         if profiler:

@@ -116,3 +116,61 @@ def stop_all() -> None:
 
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+class CpuMeter:
+    """CPU used while a block runs, in cores: by this process, by worker process groups, and by everyone else.
+
+    "Others" is the whole machine's busy time less ours and the workers'; it includes PostgreSQL and Redis,
+    and on a shared machine it is the noise that explains an outlier.
+    """
+
+    def __init__(self, *workers: WorkerProcess) -> None:
+        self.workers = workers
+        self.cores: dict[str, float] = {}
+
+    def __enter__(self) -> CpuMeter:
+        self._wall = time.monotonic()
+        self._own = time.process_time()
+        self._machine = machine_busy_s()
+        self._groups = [group_cpu_s(w.pid) for w in self.workers]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = time.monotonic() - self._wall
+        own = time.process_time() - self._own
+        groups = sum(
+            group_cpu_s(w.pid) - before for w, before in zip(self.workers, self._groups, strict=True)
+        )
+        machine = machine_busy_s() - self._machine
+        self.cores = {
+            "bench": own / wall,
+            "workers": groups / wall,
+            "others": (machine - own - groups) / wall,
+        }
+
+
+def machine_busy_s() -> float:
+    """Busy CPU seconds of the whole machine so far (user, nice, system, irq, softirq, steal)."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds used so far by the live processes of one process group (a worker and its pool)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if (
+            int(fields[2]) == pgid
+        ):  # fields after the command: state, ppid, pgrp, ..., utime at 11, stime at 12
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")

@@ -30,8 +30,13 @@ IDLE_LEAVES = (
 
 
 @contextmanager
-def record(pid: int, out_dir: Path | None, name: str, rate_hz: int = 200) -> Iterator[None]:
-    """Sample ``pid`` (and its children) while the block runs; prints a summary afterwards."""
+def record(
+    pid: int, out_dir: Path | None, name: str, gil: bool = False, rate_hz: int = 200
+) -> Iterator[None]:
+    """Sample ``pid`` (and its children) while the block runs; prints a summary afterwards.
+
+    With ``gil`` only samples of the thread holding the GIL count: where a GIL-bound worker spends it.
+    """
     binary = shutil.which("py-spy")
     if out_dir is None or binary is None:
         yield
@@ -52,6 +57,7 @@ def record(pid: int, out_dir: Path | None, name: str, rate_hz: int = 200) -> Ite
         "--nonblocking",
         "--output",
         str(path),
+        *(["--gil"] if gil else []),
     ]
     spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

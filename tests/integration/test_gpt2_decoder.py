@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPT2LMHeadModel
 
+# The fixtures are imported to be used; each test naming one as an argument needs its own noqa: F811.
 from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos, with_pytorch_bin  # noqa: F401
 from worker.models.device import resolve_device
 from worker.models.gpt2 import GPT2, Generation
@@ -135,13 +136,17 @@ def test_outputs_are_text_token_count_and_reason(tiny_gpt2_eos: Path) -> None:  
         assert by_eos or len(ids) == n
 
 
-def test_preemption_changes_no_output(tiny_gpt2: Path) -> None:  # noqa: F811
-    items = greedy_items() + SAMPLED
+@pytest.mark.parametrize("kv_budget_tokens", [96, 128])
+def test_preemption_changes_no_output(tiny_gpt2: Path, kv_budget_tokens: int) -> None:  # noqa: F811
+    # Everyone asks for 40 tokens, so running sequences outgrow a cache that held them when they joined;
+    # the sampled ones must resume with their generator where it was.
+    items = [{**item, "max_new_tokens": 40} for item in greedy_items() + SAMPLED]
     roomy = engine(tiny_gpt2)
     expected = roomy.run_continuous(payloads(roomy, items))
-    # 96 tokens (6 pages of 16) hold the largest sequence alone but not all that run side by side.
-    tight = engine(tiny_gpt2, kv_budget_tokens=96)
+    # Either budget holds the largest sequence (70 tokens) alone, but not all that run side by side.
+    tight = engine(tiny_gpt2, kv_budget_tokens=kv_budget_tokens)
     assert tight.run_continuous(payloads(tight, items)) == expected
+    assert all(finished.error is None for finished in expected)
     assert roomy.preemptions == 0
     assert tight.preemptions > 0
 

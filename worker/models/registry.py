@@ -15,6 +15,7 @@ from worker.models.base import InvalidInput, Model
 # Import paths rather than classes, so a built-in's module is imported only when it is asked for.
 # A GPT-2 decoder goes here as "gpt2": "worker.models.gpt2:GPT2" once it exists.
 BUILTIN_MODELS: dict[str, str] = {
+    "gpt2": "worker.models.gpt2:GPT2",
     "minilm": "worker.models.minilm:MiniLM",
     "noop": "worker.models.noop:Noop",
     "simulated": "worker.models.simulated:Simulated",
