@@ -78,6 +78,8 @@ class Settings(BaseSettings):
     # Items of one priority a worker holds before it stops fetching that queue (high never stops).
     max_held_items: int = Field(default=8192, ge=1)
     visibility_timeout_s: int = Field(default=30, ge=4)
+    # After the broker restarts empty, workers wait this long before ending never-delivered items as lost.
+    lost_grace_s: float = Field(default=60.0, ge=0)
     # client.submit splits a job into messages of this many items.
     submit_chunk_size: int = Field(default=512, ge=1)
 

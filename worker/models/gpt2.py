@@ -48,8 +48,9 @@ class GPT2(StepModel):
         super().__init__(settings)
         self._network: GPT2Network | None = None
         self._scheduler: SequenceScheduler | None = None
-        # Two tokenizers: prepare may run on another thread than step, and a fast tokenizer is not safe
-        # to encode on one thread while it decodes on another ("Already borrowed").
+        # Two tokenizers: prepare runs on the engine's prepare thread while step decodes on the model thread,
+        # and one fast tokenizer used from two threads at once can fail with "RuntimeError: Already
+        # borrowed" (huggingface/tokenizers#537, transformers#47085). Each is used by one thread only.
         self._encoder: PreTrainedTokenizerBase | None = None
         self._decoder: PreTrainedTokenizerBase | None = None
         self._sampling: ModuleType | None = None  # worker.models.gpt2_sampling, imported by load with torch

@@ -29,9 +29,11 @@ class MiniLM(Model):
     """all-MiniLM-L6-v2 sentence embeddings: 384 float32 numbers of unit norm per text."""
 
     name = "minilm"
-    # Measured by bench/minilm_batch_curve.py on the 2-core CPU dev box: items/s levels off by N=32-64,
-    # while latency keeps growing linearly with N.
-    max_batch_size = 64
+    # bench/minilm_batch_curve.py on the 2-core CPU dev box: items/s peaks at N=16-32 (~140/s, vs ~96/s
+    # at N=1) and falls beyond, as padding to the longest item grows; 32 keeps the peak on CPU and is
+    # less wasteful on a GPU, where larger N keeps paying. Override per deployment with BATCHWORK_BATCHING.
+    # torch's default of one thread per core measured best (1 thread: ~80/s), so no set_num_threads.
+    max_batch_size = 32
     max_wait_ms = 50.0
     dimension = 384
 

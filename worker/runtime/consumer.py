@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+import uuid
 from typing import Any
 
 from celery import bootsteps
@@ -16,7 +17,7 @@ from celery.utils.saferepr import saferepr
 
 from worker.calls import TASK_NAME
 from worker.runtime.engine import Delivery, Engine, Message
-from worker.runtime.loop import IntakeThrottle, LeaseRenewal, LoopAcks
+from worker.runtime.loop import IntakeThrottle, LeaseRenewal, LoopAcks, broker_redis
 from worker.settings import get_settings
 from worker.store.results import ResultStore
 
@@ -68,6 +69,33 @@ class CeleryTaskEvents:
         self._send("task-succeeded", delivery, result=saferepr(result), runtime=runtime)
 
 
+class BrokerEpoch:
+    """Notices when Redis came back empty after a restart, by a key every worker expects to find.
+
+    The first worker sets the key; a worker whose broker connection restarts and finds the key
+    gone (or replaced) knows the queues went with it and tells the engine.
+    """
+
+    KEY = "batchwork:broker-epoch"
+
+    def __init__(self) -> None:
+        self.epoch: bytes | str | None = None
+
+    def check(self, engine: Engine) -> None:
+        client = broker_redis(get_settings().broker_url)
+        if client is None:
+            return  # not Redis (the in-memory broker of the embedded run)
+        try:
+            client.set(self.KEY, uuid.uuid4().hex, nx=True)
+            epoch = client.get(self.KEY)
+        except Exception as exc:
+            log.warning("could not read the broker epoch: %s", exc)
+            return
+        if self.epoch is not None and epoch != self.epoch:
+            engine.broker_lost_messages()
+        self.epoch = epoch
+
+
 class BatchingStep(bootsteps.StartStopStep):
     """Runs one engine per worker process, across consumer restarts (a broker reconnect)."""
 
@@ -76,10 +104,12 @@ class BatchingStep(bootsteps.StartStopStep):
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         consumer.batchwork_engine = None
         self.acks = LoopAcks()
+        self.epoch = BrokerEpoch()
 
     def start(self, consumer: Any) -> None:
         self.acks.attach(consumer.hub)
         if consumer.batchwork_engine is not None:
+            self.epoch.check(consumer.batchwork_engine)  # a restart: did the broker lose data?
             return
         from worker.models.device import resolve_device
 
@@ -94,6 +124,7 @@ class BatchingStep(bootsteps.StartStopStep):
         )
         engine.start(preload=settings.preload)
         consumer.batchwork_engine = engine
+        self.epoch.check(engine)
         if consumer.hub is not None:
             self.acks.on_tick.append(IntakeThrottle(consumer, engine, settings.max_held_items))
             self.acks.on_tick.append(LeaseRenewal(consumer, engine, settings.visibility_timeout_s / 4))

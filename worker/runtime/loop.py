@@ -10,8 +10,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
+import redis
 from kombu import Queue
 
 from worker.runtime.engine import Engine, Message
@@ -24,6 +26,18 @@ ACK_INTERVAL_S = 0.005
 
 def queue_name(priority: str, settings: Settings) -> str:
     return f"{settings.queue}.{priority}"
+
+
+@lru_cache(maxsize=1)
+def broker_redis(url: str) -> redis.Redis | None:
+    """A Redis client of our own on the broker, or None for other brokers.
+
+    Never kombu's channel client: while the consumer waits in BRPOP, a command sent on that
+    connection would have its reply read as a message.
+    """
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
 class LoopAcks:
@@ -127,11 +141,11 @@ class LeaseRenewal:
         self._renewed = time.monotonic()
         channel = self._consumer.task_consumer.channel
         index = getattr(channel, "unacked_index_key", None)
+        client = broker_redis(get_settings().broker_url)
         tags = [d.message.delivery_tag for d in self._engine.held_messages()]  # type: ignore[attr-defined]
-        if index is None or not tags:
+        if index is None or client is None or not tags:
             return  # not Redis, or nothing held
-        now = time.time()
         try:
-            channel.client.zadd(index, dict.fromkeys(tags, now), xx=True)
+            client.zadd(index, dict.fromkeys(tags, time.time()), xx=True)
         except Exception as exc:  # the next tick tries again; the lease has slack for that
             log.warning("could not renew leases of %d messages: %s", len(tags), exc)

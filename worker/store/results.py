@@ -193,6 +193,22 @@ class ResultStore:
             rows = conn.execute(query).all()
         return [_batch_record(row) for row in rows]
 
+    def unfinished_jobs(self, created_before: datetime) -> list[JobSpec]:
+        """Jobs still queued or running that were created before ``created_before``."""
+        job = tables.jobs.c
+        query = select(job.id, job.model, job.priority, job.total).where(
+            job.state.in_(UNFINISHED_STATES), job.created_at < created_before
+        )
+        with self.engine.connect() as conn:
+            return [JobSpec(*row) for row in conn.execute(query)]
+
+    def missing_indices(self, job_id: str, total: int) -> list[int]:
+        """Indices of the job's items that have no stored outcome yet."""
+        item = tables.results.c
+        with self.engine.connect() as conn:
+            stored = set(conn.scalars(select(item.item_index).where(item.job_id == job_id)))
+        return [index for index in range(total) if index not in stored]
+
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
         """Which of these jobs have been cancelled (the worker drops their waiting items)."""
         ids = list(job_ids)
