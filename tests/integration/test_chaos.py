@@ -89,3 +89,37 @@ def test_sigkilled_workers_lose_nothing_and_duplicate_nothing(redis_url: str, pg
     chaos = run_jobs(env, store, kill_every_s=3.0)
     assert chaos["kills"] >= 3
     print("\nchaos figures:", json.dumps({"no kills": calm, "with kills": chaos}))
+
+
+@pytest.mark.slow
+def test_sigterm_stops_after_the_batch_in_flight_and_hands_back_the_rest(redis_url: str, pg_url: str) -> None:
+    from worker.store.schema import migrate
+
+    migrate(pg_url)
+    store = ResultStore.from_url(pg_url)
+    env = service_env(
+        redis_url,
+        pg_url,
+        simulated_base_ms="50",
+        simulated_per_item_ms="0",
+        submit_chunk_size="50",
+        batching={"simulated": {"max_batch_size": 20, "max_wait_ms": 10}},
+    )
+    first = WorkerProcess(env, "term@test")
+    first.wait_ready()
+    [job_id] = produce(env, [{"via": "submit", "model": "simulated", "inputs": ["z"] * 1000}])
+    while store.status(job_id).done < 100:
+        time.sleep(0.05)
+    stopped = time.monotonic()
+    first.stop(timeout_s=30)  # SIGTERM
+    assert first.proc.returncode == 0
+    assert time.monotonic() - stopped < 10  # it did not run the 900 items it held before exiting
+    held_back = store.status(job_id).done
+    assert held_back < 1000
+    second = WorkerProcess(env, "after@test")
+    try:
+        second.wait_ready()
+        [status] = wait_finished(store, [job_id], timeout_s=60)
+    finally:
+        second.stop()
+    assert (status.state, status.done) == ("succeeded", 1000)
