@@ -1,4 +1,4 @@
-"""Worker subprocesses for the benches: start, wait for their ready line, pause, stop, and keep their log.
+"""Worker subprocesses for the benches: start, wait for their ready line, stop, keep their log, meter CPU.
 
 Every process started here is in its own session (process group), so stopping it also stops the children
 of a prefork pool; ``stop_all`` ends exactly the groups this module started, on exit or Ctrl-C.
@@ -74,20 +74,12 @@ class WorkerProcess:
         assert self.ready_at is not None
         return self.ready_at
 
-    def pause(self) -> None:
-        """SIGSTOP the whole group, so an idle worker's timers take no CPU from a measurement beside it."""
-        self._signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self._signal(signal.SIGCONT)
-
     def problems(self) -> list[str]:
         """Log lines at WARNING or above, and traceback lines."""
         return [line.replace("\r", "\\r") for line in self.log if PROBLEM.search(line) and not _blank(line)]
 
     def stop(self, timeout_s: float = 30) -> None:
         if self.proc.poll() is None:
-            self._signal(signal.SIGCONT)
             self._signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)

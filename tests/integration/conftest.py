@@ -18,6 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos  # noqa: F401  (fixtures for every test here)
 from worker.store.db import make_engine
 from worker.store.schema import migrate
 

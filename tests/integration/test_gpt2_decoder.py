@@ -105,7 +105,8 @@ def test_greedy_equals_transformers_token_for_token(variant: str, request: pytes
     checkpoint = request.getfixturevalue(variant)
     model = engine(checkpoint, FourSlots)
     done, trace = staggered(model, payloads(model, greedy_items()), [join for _, _, join in CASES])
-    # In float32: the references below are matched exactly; no near-tie flips on this checkpoint.
+    # Exact in float32, no float64 needed: along these references the closest top-1/top-2 logit gap is
+    # about 5e-4, while this engine's logits differ from transformers' by about 1e-6.
     expected = reference_ids(checkpoint, greedy_items())
     assert [list(done[i].token_ids) for i in range(len(CASES))] == expected
     # The batch really was continuous: sequences joined a running batch, more than one at once, and

@@ -9,8 +9,12 @@ import json
 import shutil
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 EOS = "<|endoftext|>"
 VOCAB_SIZE = 384
@@ -98,7 +102,7 @@ def _frequent_greedy_token(checkpoint: Path) -> int:
     return counts.most_common(1)[0][0]
 
 
-def _tokenizer():  # noqa: ANN202  # a transformers tokenizer; its class differs between versions
+def _tokenizer() -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

@@ -65,6 +65,17 @@ class Bucket:
                 break
         self.longest = max((item.length for queue in self.jobs.values() for item in queue), default=0)
 
+    def peek_oldest(self) -> Item:
+        return min((queue[0] for queue in self.jobs.values()), key=lambda item: item.arrived)
+
+    def pop_oldest(self) -> Item:
+        self._rotate_to_oldest()
+        job_id, queue = next(iter(self.jobs.items()))
+        item = queue.popleft()
+        self._requeue([job_id])
+        self.longest = max((i.length for q in self.jobs.values() for i in q), default=0)
+        return item
+
     def _rotate_to_oldest(self) -> None:
         oldest = min(self.jobs, key=lambda job_id: self.jobs[job_id][0].arrived)
         while next(iter(self.jobs)) != oldest:

@@ -23,6 +23,8 @@ class LanePolicy:
     bucket_edges: tuple[int, ...] = ()
     # Once the oldest item waited this long, this lane goes before any lane that has not (aging).
     max_delay_s: float | None = None
+    # Continuous batching: items join a running batch one by one (``admit_next``), never by N or T.
+    continuous: bool = False
 
 
 @dataclass(frozen=True, slots=True)

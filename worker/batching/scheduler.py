@@ -92,6 +92,9 @@ class Lane:
     def is_ready(self, now: float) -> bool:
         return now >= self.deadline() or self.full_bucket() is not None
 
+    def oldest_bucket(self) -> Bucket:
+        return min((b for b in self.buckets if b.size), key=Bucket.oldest_arrival)
+
     def take(self, now: float) -> list[Item]:
         """A batch: when T is up, the oldest item's bucket topped up from others; else a full bucket.
 
@@ -148,21 +151,42 @@ class Scheduler:
         """The batch to run now, or None if no lane is ready. ``flush`` treats every lane as ready.
 
         The most urgent ready lane goes first, except that a lane whose oldest item waited past its
-        starvation bound goes before all lanes that have not (oldest first among those).
+        starvation bound goes before all lanes that have not (oldest first among those). Lanes of
+        continuously batched models are left to ``admit_next``.
         """
-        ready = [lane for lane in self._waiting() if flush or lane.is_ready(now)]
+        ready = [lane for lane in self._waiting(continuous=False) if flush or lane.is_ready(now)]
         if not ready:
             return None
-        starving = [lane for lane in ready if lane.starving(now)]
-        if starving:
-            lane = min(starving, key=Lane.oldest_arrival)
-        else:
-            lane = min(ready, key=lambda lane: (lane.policy.rank, lane.oldest_arrival()))
+        lane = _most_urgent(ready, now)
         return Batch(lane.key, tuple(lane.take(now)), now)
+
+    def admit_next(self, model: str, now: float, fits: Callable[[int], bool]) -> Item | None:
+        """The next item to join ``model``'s running batch (continuous batching), if ``fits`` its length.
+
+        The lane is chosen as for batches (urgency, then aging); within it, the oldest item goes.
+        """
+        lanes = [lane for lane in self._waiting(continuous=True) if lane.key[0] == model]
+        if not lanes:
+            return None
+        bucket = _most_urgent(lanes, now).oldest_bucket()
+        if not fits(bucket.peek_oldest().length):
+            return None
+        return bucket.pop_oldest()
+
+    def waiting_for(self, model: str) -> int:
+        return sum(lane.size for key, lane in self._lanes.items() if key[0] == model)
 
     def next_deadline(self) -> float | None:
         """When the earliest lane becomes ready by waiting alone, or None when nothing waits."""
-        return min((lane.deadline() for lane in self._waiting()), default=None)
+        return min((lane.deadline() for lane in self._waiting(continuous=False)), default=None)
 
-    def _waiting(self) -> Iterator[Lane]:
-        return (lane for lane in self._lanes.values() if lane.size)
+    def _waiting(self, *, continuous: bool) -> Iterator[Lane]:
+        return (lane for lane in self._lanes.values() if lane.size and lane.policy.continuous == continuous)
+
+
+def _most_urgent(lanes: list[Lane], now: float) -> Lane:
+    """A lane past its starvation bound first (the longest waiting of those), else the lowest rank."""
+    starving = [lane for lane in lanes if lane.starving(now)]
+    if starving:
+        return min(starving, key=Lane.oldest_arrival)
+    return min(lanes, key=lambda lane: (lane.policy.rank, lane.oldest_arrival()))

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, Protocol
@@ -23,7 +23,7 @@ from worker.batching.backoff import SizeLimit
 from worker.batching.policy import LanePolicy, ModelKnobs, lane_policy
 from worker.batching.scheduler import Batch, Item, LaneKey, Scheduler
 from worker.calls import InferCall, parse_call
-from worker.models.base import InvalidInput, Model
+from worker.models.base import InvalidInput, Model, StepModel
 from worker.models.registry import model_class
 from worker.runtime.runner import Report, describe, run_batch
 from worker.settings import Batching, Settings
@@ -227,7 +227,8 @@ class Engine:
         cls = model_class(model)
         defaults = ModelKnobs(cls.max_batch_size, cls.max_wait_ms, cls.max_batch_tokens, cls.bucket_edges)
         knobs = self.settings.batching.get(model, Batching())
-        return lane_policy(knobs.resolve(defaults), priority)
+        policy = lane_policy(knobs.resolve(defaults), priority)
+        return replace(policy, continuous=True) if issubclass(cls, StepModel) else policy
 
     def model(self, name: str) -> Model:
         model = self.models.get(name)
@@ -322,23 +323,66 @@ class Engine:
     # -- run -------------------------------------------------------------------------------
 
     def _run_loop(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            try:
-                self._writes.put(self._run(batch))
-            except Exception:  # the runner isolates model errors; this is a bug of ours
-                log.exception("batch of %d items on %s failed", len(batch.items), batch.model)
+        while (work := self._next_work()) is not None:
+            for unit in work:
+                try:
+                    if isinstance(unit, Batch):
+                        self._writes.put(self._run(unit))
+                    else:
+                        self._step(unit)
+                except Exception:  # the runner isolates model errors; this is a bug of ours
+                    log.exception("running %s failed", unit)
 
-    def _next_batch(self) -> Batch | None:
+    def _next_work(self) -> list[Batch | StepModel] | None:
+        """What to run now: a ready batch, and one step of every continuously batched model with work.
+
+        None once stopping and nothing is left to finish.
+        """
         with self._lock:
             while True:
                 now = self.clock()
                 if self._stopping and not self._finish_waiting:
                     return None
+                work: list[Batch | StepModel] = [m for m in self._steppers() if self._has_steps(m)]
                 batch = self.scheduler.next_batch(now, flush=self._stopping)
-                if batch is not None or self._stopping:
-                    return batch
+                if batch is not None:
+                    work.insert(0, batch)
+                if work or self._stopping:
+                    return work or None
                 deadline = self.scheduler.next_deadline()
                 self._lock.wait(None if deadline is None else max(0.0, deadline - now))
+
+    def _steppers(self) -> list[StepModel]:
+        return [model for model in self.models.values() if isinstance(model, StepModel)]
+
+    def _has_steps(self, model: StepModel) -> bool:
+        return model.running() > 0 or self.scheduler.waiting_for(model.name) > 0
+
+    def _step(self, model: StepModel) -> None:
+        """Continuous batching: admit waiting items while there is room, then advance every sequence."""
+        self._refresh_cancelled()
+        write, now = Write(None), self.clock()
+        while model.running() < model.max_running:
+            with self._lock:
+                item = self.scheduler.admit_next(model.name, now, model.can_admit)
+            if item is None:
+                break
+            if not self._dropped(item, write):
+                self._mark_started(item.ref.delivery)
+                model.admit(item, item.ref.payload)
+        for finished in model.step():
+            item, slot = finished.key, finished.key.ref
+            write.add(
+                ItemOutcome(item.job_id, item.index, slot.item_id, finished.output, finished.error),
+                slot.delivery,
+            )
+        if write.outcomes:
+            self._writes.put(write)
+
+    def _mark_started(self, delivery: Delivery) -> None:
+        if not delivery.started:
+            delivery.started = True
+            self.events.started(delivery)
 
     def _run(self, batch: Batch) -> Write:
         write = Write(None)
@@ -347,9 +391,7 @@ class Engine:
             return write
         slots: list[Slot] = [item.ref for item in batch.items]
         for slot in slots:
-            if not slot.delivery.started:
-                slot.delivery.started = True
-                self.events.started(slot.delivery)
+            self._mark_started(slot.delivery)
         started_at, started = datetime.now(UTC), self.clock()
         model = self.models[batch.model]
         report = run_batch(model.forward, [slot.payload for slot in slots], model.release_memory)
@@ -381,22 +423,22 @@ class Engine:
     def _screen(self, batch: Batch, write: Write) -> Batch:
         """The batch without items of cancelled jobs or past their job's deadline; those end as errors."""
         self._refresh_cancelled()
-        now = time.time()
-        live = []
-        for item in batch.items:
-            slot: Slot = item.ref
-            call = slot.delivery.call
-            assert call is not None
-            if call.job_id in self._cancelled:
-                write.add(
-                    ItemOutcome(item.job_id, item.index, slot.item_id, error="cancelled"), slot.delivery
-                )
-            elif call.expires_at is not None and now > call.expires_at:
-                error = "expired: not started before the job's deadline"
-                write.add(ItemOutcome(item.job_id, item.index, slot.item_id, error=error), slot.delivery)
-            else:
-                live.append(item)
-        return batch if len(live) == len(batch.items) else Batch(batch.lane, tuple(live), batch.formed_at)
+        live = tuple(item for item in batch.items if not self._dropped(item, write))
+        return batch if len(live) == len(batch.items) else Batch(batch.lane, live, batch.formed_at)
+
+    def _dropped(self, item: Item, write: Write) -> bool:
+        """Store why ``item`` must not run (its job was cancelled or its deadline passed), if so."""
+        slot: Slot = item.ref
+        call = slot.delivery.call
+        assert call is not None
+        if call.job_id in self._cancelled:
+            error = "cancelled"
+        elif call.expires_at is not None and time.time() > call.expires_at:
+            error = "expired: not started before the job's deadline"
+        else:
+            return False
+        write.add(ItemOutcome(item.job_id, item.index, slot.item_id, error=error), slot.delivery)
+        return True
 
     def _refresh_cancelled(self) -> None:
         """At most once a second, ask the store which jobs held here were cancelled."""

@@ -1,0 +1,523 @@
+"""How the scheduling core pays off: length buckets on real MiniLM, and priority lanes in a real worker.
+
+1. MiniLM: batches formed by the pure ``Scheduler`` with length buckets vs without (arrival order), at
+   the same token budget and N, then run through ``MiniLM.forward``: padding, batches, items/s.
+2. Priority under saturation (bench/scheduling_lanes.py): high-job latency with lanes vs plain FIFO
+   behind a bulk backlog, bulk throughput with and without the high stream, and the starvation bound.
+3. MiniLM's batch-size curve is bench/minilm_batch_curve.py; not repeated here.
+Prints tables, never asserts. Run from the repository root: ``python -m bench.scheduling [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench import scheduling_lanes as lanes
+from worker.batching.policy import LanePolicy
+from worker.batching.scheduler import Batch, Item, Scheduler
+
+EDGES = (16, 24, 32, 48, 64, 96, 128, 192)
+VOCABULARY = (
+    "the of and to in is was for that with as on by at from his her their it this be are an or which have "
+    "has had not but were been one all new more when who will would there can about after into time year "
+    "people way day world life work part place case week company system program group number night point "
+    "home water room area money story fact month right study book job word business issue side kind head "
+    "house service friend power hour game line end member law city community name team minute idea body "
+    "information back face level office door health person art history party result change morning queue "
+    "batch worker model latency throughput message broker database scheduler token embedding vector GPU "
+    "quickly often never always carefully important different public national local early young major "
+    "economic possible run make take see come know give find think tell become leave feel bring begin"
+)
+WORDS = VOCABULARY.split()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller samples and shorter runs (about 2 min)")
+    p.add_argument("--sections", default="1,2", help="which figures to run, e.g. 2")
+    p.add_argument("--seed", type=int, default=11)
+    g = p.add_argument_group("figure 1: MiniLM buckets")
+    g.add_argument("--corpus-size", type=int, default=3000)
+    g.add_argument("--min-words", type=int, default=5)
+    g.add_argument("--max-words", type=int, default=120)
+    g.add_argument("--max-batch-size", type=int, default=128, help="N of both policies")
+    g.add_argument("--budgets", default="8192,4096,16384", help="max_batch_tokens; the first is timed twice")
+    g.add_argument("--bucket-edges", default=",".join(map(str, EDGES)))
+    g.add_argument("--max-wait-ms", type=float, default=200.0, help="T of the lane (MiniLM bulk: 4 x 50)")
+    g.add_argument(
+        "--clock-tokens-per-s", type=float, default=1500.0, help="fake clock: a batch takes padded/this s"
+    )
+    g.add_argument("--timed-tokens", type=int, default=None, help="padded tokens timed per config per round")
+    g.add_argument("--rounds", type=int, default=2, help="a/b timing rounds at the first budget")
+    g = p.add_argument_group("figure 2: priority lanes (Redis + PostgreSQL worker)")
+    g.add_argument("--redis-url", default="redis://127.0.0.1:6379")
+    g.add_argument("--redis-db", type=int, default=13, help="flushed before and after")
+    g.add_argument("--postgres-url", default="postgresql+psycopg://root@127.0.0.1:5432/test")
+    g.add_argument("--sim-base-ms", type=float, default=20.0, help="simulated model: a in a + b*n")
+    g.add_argument("--sim-per-item-ms", type=float, default=1.0, help="simulated model: b in a + b*n")
+    g.add_argument("--model-n", type=int, default=64, help="the model's N (high lane: N/8)")
+    g.add_argument("--model-t-ms", type=float, default=20.0, help="the model's T (high lane: min(T, 5 ms))")
+    g.add_argument("--bulk-n", type=int, default=64)
+    g.add_argument("--stream-rate", type=float, default=5.0, help="single-item jobs per second")
+    g.add_argument("--stream-s", type=float, default=None)
+    g.add_argument("--alone-s", type=float, default=None, help="bulk alone before the stream")
+    g.add_argument("--flood-s", type=float, default=None)
+    g.add_argument("--flood-factor", type=float, default=1.5, help="high items offered / high capacity")
+    g.add_argument("--trickle-every-s", type=float, default=0.5, help="one small bulk job this often")
+    g.add_argument("--trickle-items", type=int, default=8)
+    g.add_argument("--diagnose", action=argparse.BooleanOptionalAction, default=None, help="aging-off run")
+    args = p.parse_args(argv)
+    quick = args.quick
+    defaults = {
+        "timed_tokens": 6000 if quick else 30000,
+        "stream_s": 8.0 if quick else 30.0,
+        "alone_s": 4.0 if quick else 8.0,
+        "flood_s": 5.0 if quick else 10.0,
+        "diagnose": not quick,
+    }
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.sections = {int(s) for s in args.sections.split(",") if s}
+    args.budgets = [int(b) for b in args.budgets.split(",") if b]
+    args.bucket_edges = tuple(int(e) for e in args.bucket_edges.split(",") if e)
+    return args
+
+
+# -- printing ----------------------------------------------------------------------------------------
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [[_cell(value) for value in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  " + "  ".join(
+            v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths, strict=True))
+        )
+
+    print(line(headers))
+    print(line(["-" * w for w in widths]))
+    for row in cells:
+        print(line(row))
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        if value != value:
+            return "n/a"
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return str(value)
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if a == a and b == b and b > 0 else "n/a"
+
+
+def pct(value: float) -> str:
+    return f"{100 * value:.1f} %"
+
+
+# -- figure 1: MiniLM, bucketed vs unbucketed ----------------------------------------------------------
+
+
+def corpus(size: int, seed: int, min_words: int, max_words: int) -> list[str]:
+    """Sentences of uniformly mixed length, in random order (how a mixed job arrives)."""
+    rng = random.Random(seed)
+    return [
+        " ".join(rng.choices(WORDS, k=rng.randint(min_words, max_words))).capitalize() + "."
+        for _ in range(size)
+    ]
+
+
+@dataclass
+class Formed:
+    """One policy's batch list over the whole corpus, and the seconds measured for some of its batches."""
+
+    name: str
+    budget: int
+    batches: list[Batch]
+
+    @property
+    def items(self) -> int:
+        return sum(len(b.items) for b in self.batches)
+
+    @property
+    def padded(self) -> int:
+        return sum(b.padded_tokens for b in self.batches)
+
+    @property
+    def padding(self) -> float:
+        return (self.padded - sum(b.real_tokens for b in self.batches)) / self.padded
+
+    def sample(self, timed_tokens: int, round_: int, rounds: int) -> list[Batch]:
+        """Every k-th batch, offset per round; the list runs short to long, so it is stratified by length."""
+        stride = max(1, round(self.padded / timed_tokens))
+        offset = (round_ * stride) // max(1, rounds)
+        return self.batches[offset % stride :: stride]
+
+
+def form_batches(
+    lengths: Sequence[int], payloads: Sequence[Any], policy: LanePolicy, tps: float
+) -> list[Batch]:
+    """All items arrive at once; the fake clock moves by each batch's cost, as a busy worker's would."""
+    scheduler = Scheduler(lambda _lane: policy)
+    for index, (length, payload) in enumerate(zip(lengths, payloads, strict=True)):
+        scheduler.add("minilm", "bulk", Item("corpus", index, length, 0.0, payload))
+    clock, batches = 0.0, []
+    while len(scheduler):
+        batch = scheduler.next_batch(clock)
+        if batch is None:
+            clock = scheduler.next_deadline() or clock
+            continue
+        batches.append(batch)
+        clock += batch.padded_tokens / tps
+    return batches
+
+
+def time_round(model: Any, a: list[Batch], b: list[Batch]) -> tuple[float, float]:
+    """Seconds of a's and b's batches, run alternately (a, b, a, b, ...) so load drift hits both alike."""
+    seconds = [0.0, 0.0]
+    for i in range(max(len(a), len(b))):
+        for side, batches in enumerate((a, b)):
+            if i < len(batches):
+                payloads = [item.ref for item in batches[i].items]
+                started = time.perf_counter()
+                model.forward(payloads)
+                seconds[side] += time.perf_counter() - started
+    return seconds[0], seconds[1]
+
+
+def items_per_s(formed: Formed, sampled: list[Batch], seconds: float) -> float:
+    """Measured seconds per padded token of the sample, times all padded tokens of the list."""
+    sampled_padded = sum(b.padded_tokens for b in sampled)
+    return formed.items / (seconds / sampled_padded * formed.padded)
+
+
+def minilm_section(args: argparse.Namespace) -> None:
+    from worker.models.minilm import MiniLM
+    from worker.settings import Settings
+
+    print("\n== 1. MiniLM: length buckets vs arrival order, same N and token budget ==")
+    model = MiniLM(Settings())
+    model.load("cpu")
+    texts = corpus(args.corpus_size, args.seed, args.min_words, args.max_words)
+    prepared = model.prepare(texts)
+    lengths = [p.length for p in prepared]
+    payloads = [p.payload for p in prepared]
+    print(
+        f"knobs: corpus {len(texts)} sentences of {args.min_words}-{args.max_words} words "
+        f"(seed {args.seed}), tokens {min(lengths)}-{max(lengths)} (mean {statistics.mean(lengths):.0f}); "
+        f"N={args.max_batch_size}; "
+        f"T={args.max_wait_ms:g} ms; (a) bucket_edges={args.bucket_edges}, (b) none; all items arrive at "
+        f"once, fake clock += padded/{args.clock_tokens_per_s:g} tok/s per batch"
+    )
+    print(
+        f"timing: every k-th batch of each list (k = padded tokens / {args.timed_tokens}), a/b batches "
+        f"alternated; items/s = items / (measured s per padded token x all padded tokens); "
+        f"torch threads {_torch_threads()}"
+    )
+    model.forward(payloads[:16])  # warm-up
+    rows, summary = [], []
+    for position, budget in enumerate(args.budgets):
+        a, b = (
+            Formed(
+                name,
+                budget,
+                form_batches(lengths, payloads, _policy(args, budget, edges), args.clock_tokens_per_s),
+            )
+            for name, edges in (("bucketed", args.bucket_edges), ("unbucketed", ()))
+        )
+        rounds = args.rounds if position == 0 else 1
+        rates: dict[str, list[float]] = {a.name: [], b.name: []}
+        timed = {a.name: 0, b.name: 0}
+        for r in range(rounds):
+            sa, sb = a.sample(args.timed_tokens, r, rounds), b.sample(args.timed_tokens, r, rounds)
+            ta, tb = time_round(model, sa, sb)
+            rates[a.name].append(items_per_s(a, sa, ta))
+            rates[b.name].append(items_per_s(b, sb, tb))
+            timed[a.name] += len(sa)
+            timed[b.name] += len(sb)
+        for formed in (a, b):
+            rows.append(_formed_row(formed, rates[formed.name], timed[formed.name]))
+        ra, rb = statistics.median(rates[a.name]), statistics.median(rates[b.name])
+        per_round = ", ".join(ratio(x, y) for x, y in zip(rates[a.name], rates[b.name], strict=True))
+        summary.append(
+            (budget, pct(a.padding), "yes" if a.padding <= 0.10 else "NO", ratio(ra, rb), per_round)
+        )
+    print_table(
+        [
+            "policy",
+            "max_batch_tokens",
+            "batches",
+            "mean size",
+            "padded %",
+            "timed batches",
+            "items/s (median)",
+        ],
+        rows,
+    )
+    print()
+    print_table(
+        ["max_batch_tokens", "bucketed padding", "<= 10 %", "items/s bucketed/unbucketed", "per round"],
+        summary,
+    )
+
+
+def _print_edge_choices(args: argparse.Namespace, lengths: Sequence[int], payloads: Sequence[Any]) -> None:
+    """Padding only (no timing): how fine the buckets must be for the padding target, at the first budget."""
+    budget = args.budgets[0]
+    choices = [
+        ("as above", args.bucket_edges),
+        ("every 16 to 256", tuple(range(16, 257, 16))),
+        ("every 8 to 256", tuple(range(8, 257, 8))),
+    ]
+    rows: list[list[object]] = []
+    for name, edges in choices:
+        policy = _policy(args, budget, edges)
+        formed = Formed(name, budget, form_batches(lengths, payloads, policy, args.clock_tokens_per_s))
+        rows.append([name, len(edges) + 1, len(formed.batches), pct(formed.padding)])
+    ideal = _sorted_padding(lengths, args.max_batch_size, budget)
+    rows.append(["whole corpus sorted (floor)", "-", ideal[1], pct(ideal[0])])
+    print(f"bucket edges vs padding at max_batch_tokens={budget}, N={args.max_batch_size} (scheduler only):")
+    print_table(["bucket_edges", "buckets", "batches", "padded %"], rows)
+
+
+def _sorted_padding(lengths: Sequence[int], n: int, budget: int) -> tuple[float, int]:
+    """Padding of greedy batches over the length-sorted corpus: what perfect bucketing would reach."""
+    ordered, padded, batches, i = sorted(lengths), 0, 0, 0
+    while i < len(ordered):
+        j = i + 1
+        while j < len(ordered) and j - i < n and ordered[j] * (j - i + 1) <= budget:
+            j += 1
+        padded += ordered[j - 1] * (j - i)
+        batches += 1
+        i = j
+    return (padded - sum(ordered)) / padded, batches
+
+
+def _policy(args: argparse.Namespace, budget: int, edges: tuple[int, ...]) -> LanePolicy:
+    return LanePolicy(
+        max_batch_size=args.max_batch_size,
+        max_wait_s=args.max_wait_ms / 1000,
+        max_batch_tokens=budget,
+        bucket_edges=edges,
+    )
+
+
+def _formed_row(formed: Formed, rates: list[float], timed: int) -> list[object]:
+    return [
+        formed.name,
+        formed.budget,
+        len(formed.batches),
+        formed.items / len(formed.batches),
+        pct(formed.padding),
+        timed,
+        statistics.median(rates),
+    ]
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+# -- figure 2: priority lanes --------------------------------------------------------------------------
+
+
+def lanes_section(args: argparse.Namespace) -> None:
+    kn = lanes.knobs_of(args)
+    high, bulk = kn.policy("high"), kn.policy("bulk")
+    print("\n== 2. Priority under saturation: simulated model through Redis + PostgreSQL + one worker ==")
+    print(
+        f"knobs: batch = {kn.base_ms:g} + {kn.per_item_ms:g}*n ms; model N={kn.model_n}, "
+        f"T={kn.model_t_ms:g} ms; high lane N={high.max_batch_size}, T={high.max_wait_s * 1000:g} ms; "
+        f"bulk lane N={bulk.max_batch_size}, "
+        f"T={bulk.max_wait_s * 1000:g} ms, max_delay={bulk.max_delay_s:g} s (longest bulk batch "
+        f"{kn.batch_ms(kn.bulk_n):g} ms, bulk capacity {kn.bulk_items_per_s():.0f} items/s); stream "
+        f"{args.stream_rate:g} single-item jobs/s for {args.stream_s:g} s behind a bulk backlog; "
+        f"bulk alone {args.alone_s:g} s before it"
+    )
+    with lanes.stack(args) as st:
+        print(f"services: Redis db {st.redis_db}, PostgreSQL schema {st.schema}")
+        runs = [lanes.stream_run(st, args, "lanes (high)", "high", None)]
+        runs.append(lanes.stream_run(st, args, "FIFO (as bulk)", "bulk", None))
+        if args.diagnose:
+            off = {"max_delay_ms": 1e7}
+            runs.append(lanes.stream_run(st, args, "lanes, bulk aging off", "high", off))
+        _print_stream_runs(runs, high.max_wait_s * 1000, kn, bulk.max_delay_s)
+        flood = lanes.flood_run(st, args)
+        _print_flood(flood, args, kn)
+
+
+def _print_stream_runs(
+    runs: list[lanes.StreamRun], high_t_ms: float, kn: lanes.Knobs, max_delay_s: float
+) -> None:
+    rows = []
+    for run in runs:
+        bound = 1.25 * (run.longest_bulk_ms + high_t_ms)
+        p99 = lanes.percentile(run.latencies_ms, 0.99)
+        met = "n/a" if run.unfinished else ("yes" if p99 <= bound else "NO")
+        rows.append(
+            [
+                run.name,
+                f"{len(run.latencies_ms)}/{len(run.latencies_ms) + run.unfinished}",
+                run.offered_per_s,
+                lanes.percentile(run.latencies_ms, 0.5),
+                p99,
+                max(run.latencies_ms, default=float("nan")),
+                run.longest_bulk_ms,
+                bound,
+                met,
+            ]
+        )
+    print("\nstream-job latency (stored finished_at - created_at), ms:")
+    print_table(
+        [
+            "run",
+            "finished",
+            "jobs/s",
+            "p50",
+            "p99",
+            "max",
+            "longest bulk batch",
+            "1.25x(bulk+T_high)",
+            "p99 <= it",
+        ],
+        rows,
+    )
+    print(f"\nhigh batches during the stream (own cost a+b = {kn.batch_ms(1):g} ms for one item):")
+    print_table(
+        ["run", "high batches", "mean size", "wait p50 ms", "wait p99 ms", "wait max ms", "run mean ms"],
+        [_high_row(run) for run in runs if run.high_batches],
+    )
+    print("\nbulk throughput, items/s (from bulk batch records, by start time):")
+    print_table(
+        ["run", "bulk alone", "with the stream", "with / alone", "expected with / alone"],
+        [
+            [
+                run.name,
+                run.alone_items_per_s,
+                run.with_items_per_s,
+                ratio(run.with_items_per_s, run.alone_items_per_s),
+                f"{1 - run.offered_per_s * kn.batch_ms(1) / 1000:.2f}x",
+            ]
+            for run in runs
+            if run.alone_items_per_s == run.alone_items_per_s
+        ],
+    )
+    print("  (expected: each single-item high batch takes a+b ms of the model away from bulk)")
+    print(f"\nbulk batches during the stream: oldest item's wait vs bulk's max_delay ({max_delay_s:g} s):")
+    print_table(
+        ["run", "bulk batches", "wait min s", "wait p50 s", "wait max s", "past the bound"],
+        [_bulk_wait_row(run, max_delay_s) for run in runs],
+    )
+
+
+def _bulk_wait_row(run: lanes.StreamRun, max_delay_s: float) -> list[object]:
+    waits = [w / 1000 for w in run.bulk_waits_ms]
+    past = sum(w >= max_delay_s for w in waits)
+    return [
+        run.name,
+        len(waits),
+        min(waits, default=float("nan")),
+        lanes.percentile(waits, 0.5),
+        max(waits, default=float("nan")),
+        pct(past / len(waits)) if waits else "n/a",
+    ]
+
+
+def _high_row(run: lanes.StreamRun) -> list[object]:
+    waits = [b.wait_ms for b in run.high_batches]
+    return [
+        run.name,
+        len(run.high_batches),
+        statistics.mean(b.size for b in run.high_batches),
+        lanes.percentile(waits, 0.5),
+        lanes.percentile(waits, 0.99),
+        max(waits),
+        statistics.mean(b.run_ms for b in run.high_batches),
+    ]
+
+
+def _print_flood(flood: lanes.FloodRun, args: argparse.Namespace, kn: lanes.Knobs) -> None:
+    bound_s = kn.policy("bulk").max_delay_s
+    high_n = kn.policy("high").max_batch_size
+    starts = [b.started_at.timestamp() for b in flood.bulk_batches]
+    gaps = [later - earlier for earlier, later in zip(starts, starts[1:], strict=False)]
+    waits = [b.wait_ms for b in flood.bulk_batches]
+    # Aging makes bulk eligible at the bound; it still waits for the high batch already running.
+    slack_ms = bound_s * 1000 + kn.batch_ms(high_n)
+    print(
+        f"\nstarvation: high jobs of {high_n} items at {args.flood_factor:g}x the high lane's capacity "
+        f"({high_n / kn.batch_ms(high_n) * 1000:.0f} items/s) for {flood.flood_s:.1f} s, one bulk job of "
+        f"{args.trickle_items} items every {args.trickle_every_s:g} s; bound = bulk max_delay "
+        f"max(40 x T_model, 2 s) = {bound_s:g} s"
+    )
+    print_table(
+        [
+            "high offered/s",
+            "high served/s",
+            "bulk batches",
+            "bulk wait max ms",
+            "max gap between bulk batches s",  # up to the bound + the trickle period
+            "bulk job latency max ms",
+            "bulk unfinished",
+            f"wait max <= bound + 1 high batch ({slack_ms:,.0f} ms)",
+        ],
+        [
+            [
+                flood.offered_high_per_s,
+                flood.served_high_per_s,
+                len(flood.bulk_batches),
+                max(waits, default=float("nan")),
+                max(gaps, default=float("nan")),
+                max(flood.bulk_latencies_ms, default=float("nan")),
+                flood.bulk_unfinished,
+                "yes" if waits and max(waits) <= slack_ms else "NO",
+            ]
+        ],
+    )
+
+
+# -- main ---------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+
+    def on_term(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    print(f"bench.scheduling {' '.join(sys.argv[1:]) or '(defaults)'}")
+    print(
+        f"host: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}, Python "
+        f"{platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    )
+    began = time.monotonic()
+    try:
+        if 1 in args.sections:
+            minilm_section(args)
+        if 2 in args.sections:
+            lanes_section(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted; workers stopped, Redis database flushed, schema dropped", file=sys.stderr)
+        raise SystemExit(130) from None
+    print("\n== 3. MiniLM batch-size curve: see bench/minilm_batch_curve.py (not repeated here) ==")
+    print(f"\nbench finished in {time.monotonic() - began:.0f} s (load average now {os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()
