@@ -16,7 +16,8 @@ from celery import bootsteps
 from celery.utils.saferepr import saferepr
 
 from worker.calls import TASK_NAME
-from worker.runtime.engine import Delivery, Engine, Message
+from worker.runtime.deliveries import Delivery, Message
+from worker.runtime.engine import Engine
 from worker.runtime.loop import IntakeThrottle, LeaseRenewal, LoopAcks, broker_redis
 from worker.settings import get_settings
 from worker.store.results import ResultStore
@@ -126,8 +127,10 @@ class BatchingStep(bootsteps.StartStopStep):
         consumer.batchwork_engine = engine
         self.epoch.check(engine)
         if consumer.hub is not None:
-            self.acks.on_tick.append(IntakeThrottle(consumer, engine, settings.max_held_items))
-            self.acks.on_tick.append(LeaseRenewal(consumer, engine, settings.visibility_timeout_s / 4))
+            self.acks.on_tick.append(IntakeThrottle(consumer, engine.holdings, settings.max_held_items))
+            self.acks.on_tick.append(
+                LeaseRenewal(consumer, engine.holdings, settings.visibility_timeout_s / 4)
+            )
         log.info("batchwork engine ready on %s", engine.device)
 
     def shutdown(self, consumer: Any) -> None:

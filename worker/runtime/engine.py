@@ -1,9 +1,10 @@
 """The batching engine inside one worker: deliveries in, stored outcomes and acks out.
 
 Three threads, one way: *prepare* decodes messages, checks and tokenizes their items and adds
-them to the scheduler; *run* takes the next batch when the model is free and runs it; *store*
-commits each batch's outcomes in one transaction and only then acknowledges the messages whose
-items are all stored. The model never waits for receiving, tokenizing or storing.
+them to the scheduler; *run* takes the next batch when the model is free and runs it (or, for a
+model driven step by step, admits waiting items and runs one step); *store* (storing.py) commits
+each batch's outcomes in one transaction and only then acknowledges the messages whose items are
+all stored. The model never waits for receiving, tokenizing or storing.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
-from functools import cached_property
-from typing import Any, Protocol
 
 from worker.batching.backoff import SizeLimit
 from worker.batching.policy import LanePolicy, ModelKnobs, lane_policy
@@ -25,82 +23,15 @@ from worker.batching.scheduler import Batch, Item, LaneKey, Scheduler
 from worker.calls import InferCall, parse_call
 from worker.models.base import InvalidInput, Model, StepModel
 from worker.models.registry import model_class
+from worker.runtime.deliveries import Acks, Delivery, Holdings, Message, Slot, TaskEvents, Write
 from worker.runtime.runner import Report, describe, run_batch
+from worker.runtime.storing import Storer
 from worker.settings import Batching, Settings
-from worker.store.db import is_transient
-from worker.store.results import BatchRecord, ItemOutcome, JobSpec, ResultStore
+from worker.store.results import BatchRecord, ItemOutcome, ResultStore
 
 log = logging.getLogger(__name__)
 
 CANCEL_CHECK_S = 1.0
-
-
-class Message(Protocol):
-    """The part of a kombu message the engine uses."""
-
-    headers: dict[str, Any]
-
-    def decode(self) -> Any: ...
-
-
-class Acks(Protocol):
-    def ack(self, messages: Sequence[Message]) -> None: ...
-
-
-class TaskEvents(Protocol):
-    """Celery task events, so Flower shows each message as a task."""
-
-    def received(self, delivery: Delivery) -> None: ...
-    def started(self, delivery: Delivery) -> None: ...
-    def finished(self, delivery: Delivery) -> None: ...
-
-
-@dataclass(eq=False)
-class Delivery:
-    """One received message and how many of its items still owe a stored outcome."""
-
-    message: Message
-    received_at: float
-    call: InferCall | None = None
-    pending: int = 0
-    started: bool = False
-    failed: int = 0
-    error: str | None = None
-
-    @property
-    def task_id(self) -> str:
-        return str(self.message.headers.get("id"))
-
-    @cached_property
-    def job(self) -> JobSpec:
-        assert self.call is not None
-        return JobSpec(self.call.job_id, self.call.model, self.call.priority, self.call.total)
-
-
-@dataclass(frozen=True, slots=True)
-class Slot:
-    """What the engine keeps of an item while it waits: its message, the user's id, its payload."""
-
-    delivery: Delivery
-    item_id: str | None
-    payload: Any
-
-
-@dataclass
-class Write:
-    """Outcomes for the store thread: ``deliveries[i]`` owes ``outcomes[i]``."""
-
-    record: BatchRecord | None
-    outcomes: list[ItemOutcome] = field(default_factory=list)
-    deliveries: list[Delivery] = field(default_factory=list)
-    jobs: list[JobSpec] = field(default_factory=list)
-    degraded: bool = False  # outputs replaced by errors after the database refused them
-
-    def add(self, outcome: ItemOutcome, delivery: Delivery) -> None:
-        self.outcomes.append(outcome)
-        self.deliveries.append(delivery)
-        if delivery.job not in self.jobs:
-            self.jobs.append(delivery.job)
 
 
 class Engine:
@@ -125,22 +56,20 @@ class Engine:
         self.scheduler = Scheduler(self.policy_for)
         self.models: dict[str, Model] = {}
         self.ready = threading.Event()
+        self.holdings = Holdings()
+        self.storer = Storer(store, acks, events, self.holdings)
         self._intake: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
-        self._writes: queue.SimpleQueue[Write | None] = queue.SimpleQueue()
+        self._writes = self.storer.writes
         self._lock = threading.Condition()
         self._limits: dict[str, SizeLimit] = {}
-        self._held: Counter[str] = Counter()
-        self._held_jobs: Counter[str] = Counter()
-        self._holding: set[Delivery] = set()
         self._cancelled: set[str] = set()
         self._cancelled_checked = float("-inf")
-        self._held_lock = threading.Lock()
         self._stopping = False
         self._finish_waiting = False
         self._threads = [
             threading.Thread(target=self._prepare_loop, name="batchwork-prepare", daemon=True),
             threading.Thread(target=self._run_loop, name="batchwork-run", daemon=True),
-            threading.Thread(target=self._store_loop, name="batchwork-store", daemon=True),
+            threading.Thread(target=self.storer.loop, name="batchwork-store", daemon=True),
         ]
 
     # -- control ---------------------------------------------------------------------------
@@ -155,14 +84,12 @@ class Engine:
     def accept(self, message: Message) -> None:
         """Called by the consumer for each message; must return at once."""
         delivery = Delivery(message, self.clock())
-        with self._held_lock:
-            self._holding.add(delivery)
+        self.holdings.received(delivery)
         self._intake.put(delivery)
 
-    def held_messages(self) -> list[Delivery]:
-        """Deliveries received and not yet acknowledged."""
-        with self._held_lock:
-            return list(self._holding)
+    def broker_lost_messages(self) -> None:
+        """The broker came back empty: see Storer.broker_lost_messages."""
+        self.storer.broker_lost_messages(self.settings.lost_grace_s)
 
     def stop(self, *, finish_waiting: bool, timeout_s: float = 60.0) -> None:
         """Stop after the batch in flight, storing and acking what ran.
@@ -181,46 +108,6 @@ class Engine:
         run.join(timeout_s)
         self._writes.put(None)
         store.join(timeout_s)
-
-    def broker_lost_messages(self) -> None:
-        """The broker came back empty (restarted without persistence): what it held is gone.
-
-        After a grace period, in which workers finish and store the items they already hold, every
-        item of a job created before now that still has no outcome ends with a "lost" error, so no
-        job waits forever for messages that no longer exist.
-        """
-        cutoff = datetime.now(UTC)
-        grace_s = self.settings.lost_grace_s
-        log.warning("the broker lost its messages; unfinished items end as lost in %.0f s", grace_s)
-        timer = threading.Timer(grace_s, self._end_lost_items, args=(cutoff,))
-        timer.daemon = True
-        timer.start()
-
-    def _end_lost_items(self, cutoff: datetime) -> None:
-        error = "lost: the broker restarted and dropped this item before it ran; submit it again"
-        for attempt in range(10):
-            try:
-                for job in self.store.unfinished_jobs(created_before=cutoff):
-                    missing = self.store.missing_indices(job.job_id, job.total)
-                    outcomes = [ItemOutcome(job.job_id, index, None, error=error) for index in missing]
-                    if outcomes:
-                        self.store.write_batch(None, outcomes, [job])
-                        log.warning("job %s: %d items ended as lost", job.job_id, len(outcomes))
-                return
-            except Exception as exc:
-                log.warning("could not end lost items (%s); attempt %d", exc, attempt + 1)
-                time.sleep(5)
-
-    def held_items(self, priority: str) -> int:
-        """Items of this priority received and not yet stored."""
-        return self._held[priority]
-
-    def _hold(self, job: InferCall | JobSpec, count: int) -> None:
-        with self._held_lock:
-            self._held[job.priority] += count
-            self._held_jobs[job.job_id] += count
-            if self._held_jobs[job.job_id] <= 0:
-                del self._held_jobs[job.job_id]
 
     def policy_for(self, lane: LaneKey) -> LanePolicy:
         model, priority = lane
@@ -256,7 +143,7 @@ class Engine:
             self._fail_message(delivery, f"invalid message: {exc}")
             return
         delivery.pending = len(call.inputs)
-        self._hold(call, len(call.inputs))
+        self.holdings.hold(call, len(call.inputs))
         self.events.received(delivery)
         try:
             model = self.model(call.model)
@@ -446,10 +333,8 @@ class Engine:
         if now - self._cancelled_checked < CANCEL_CHECK_S:
             return
         self._cancelled_checked = now
-        with self._held_lock:
-            held = [job_id for job_id, count in self._held_jobs.items() if count > 0]
         try:
-            self._cancelled = self.store.cancelled(held)
+            self._cancelled = self.store.cancelled(self.holdings.jobs())
         except Exception as exc:  # a database outage must not stop the model; try again later
             log.warning("could not check for cancelled jobs: %s", exc)
 
@@ -465,90 +350,3 @@ class Engine:
             log.warning("%s: batches now hold at most %s items", batch.model, limit.cap or "N")
             with self._lock:
                 self.scheduler.cap_size(batch.model, limit.cap)
-
-    # -- store -----------------------------------------------------------------------------
-
-    def _store_loop(self) -> None:
-        while (write := self._writes.get()) is not None:
-            self._commit(write)
-            self._settle(write)
-
-    def _commit(self, write: Write) -> None:
-        """Store until it sticks: nothing is acknowledged that is not committed.
-
-        A database that is down is waited for. Anything else (an output the database refuses) is a
-        permanent failure of those outputs: they are stored as errors instead, so the items still end.
-        """
-        delay_s = 0.1
-        while True:
-            try:
-                self._write(write)
-                return
-            except Exception as exc:
-                if not is_transient(exc) and write.outcomes and not write.degraded:
-                    log.error(
-                        "storing %d outcomes failed (%s); storing them as errors", len(write.outcomes), exc
-                    )
-                    write.outcomes = [
-                        _as_error(o, f"could not store the output: {describe(exc)}") for o in write.outcomes
-                    ]
-                    write.degraded = True
-                    continue
-                log.warning(
-                    "storing %d outcomes failed (%s); retrying in %.1f s", len(write.outcomes), exc, delay_s
-                )
-                time.sleep(delay_s)
-                delay_s = min(delay_s * 2, 5.0)
-
-    def _write(self, write: Write) -> None:
-        if write.record is None and not write.outcomes:
-            self._store_refusal(write.deliveries[0])
-        else:
-            stored = self.store.write_batch(write.record, write.outcomes, write.jobs)
-            if stored < len(write.outcomes):
-                # Redelivered messages: first writer wins, nothing is counted twice.
-                log.info(
-                    "%d of %d outcomes were already stored", len(write.outcomes) - stored, len(write.outcomes)
-                )
-
-    def _store_refusal(self, delivery: Delivery) -> None:
-        kwargs = _safe_kwargs(delivery.message)
-        job_id = str(kwargs.get("job_id") or delivery.task_id)
-        model = kwargs.get("model")
-        model = model if isinstance(model, str) else "?"
-        self.store.create_job(JobSpec(job_id, model, "normal", 0))
-        self.store.fail_job(job_id, delivery.error or "invalid message")
-
-    def _settle(self, write: Write) -> None:
-        done: list[Delivery] = []
-        released: Counter[JobSpec] = Counter()
-        for delivery, outcome in zip(write.deliveries, write.outcomes, strict=False):
-            delivery.pending -= 1
-            released[delivery.job] += 1
-            delivery.failed += outcome.error is not None
-            if delivery.pending == 0:
-                done.append(delivery)
-        if not write.outcomes:
-            done = write.deliveries
-        for job, count in released.items():
-            self._hold(job, -count)
-        if done:
-            with self._held_lock:
-                self._holding.difference_update(done)
-            self.acks.ack([d.message for d in done])
-            for delivery in done:
-                self.events.finished(delivery)
-
-
-def _as_error(outcome: ItemOutcome, error: str) -> ItemOutcome:
-    if outcome.error is not None:
-        return outcome
-    return ItemOutcome(outcome.job_id, outcome.index, outcome.item_id, error=error)
-
-
-def _safe_kwargs(message: Message) -> dict[str, Any]:
-    try:
-        kwargs = message.decode()[1]
-    except Exception:
-        return {}
-    return kwargs if isinstance(kwargs, dict) else {}

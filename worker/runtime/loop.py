@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from kombu import Queue
 
-from worker.runtime.engine import Engine, Message
+from worker.runtime.deliveries import Holdings, Message
 from worker.settings import PRIORITIES, Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -90,16 +90,16 @@ class IntakeThrottle:
     Redis BRPOP serves the queues in the order they were subscribed.
     """
 
-    def __init__(self, consumer: Any, engine: Engine, max_held_items: int) -> None:
+    def __init__(self, consumer: Any, holdings: Holdings, max_held_items: int) -> None:
         self._consumer = consumer
-        self._engine = engine
+        self._holdings = holdings
         self._limit = max_held_items
         self._paused: set[str] = set()
 
     def __call__(self) -> None:
         paused = set(self._paused)
         for priority in PRIORITIES[1:]:
-            held = self._engine.held_items(priority)
+            held = self._holdings.items(priority)
             if held >= self._limit:
                 paused.add(priority)
             elif held < self._limit // 2:
@@ -129,9 +129,9 @@ class LeaseRenewal:
     ``visibility_timeout_s`` (plus one restore sweep), a live worker's never do.
     """
 
-    def __init__(self, consumer: Any, engine: Engine, every_s: float) -> None:
+    def __init__(self, consumer: Any, holdings: Holdings, every_s: float) -> None:
         self._consumer = consumer
-        self._engine = engine
+        self._holdings = holdings
         self._every_s = every_s
         self._renewed = time.monotonic()
 
@@ -142,7 +142,7 @@ class LeaseRenewal:
         channel = self._consumer.task_consumer.channel
         index = getattr(channel, "unacked_index_key", None)
         client = broker_redis(get_settings().broker_url)
-        tags = [d.message.delivery_tag for d in self._engine.held_messages()]  # type: ignore[attr-defined]
+        tags = [d.message.delivery_tag for d in self._holdings.deliveries()]  # type: ignore[attr-defined]
         if index is None or client is None or not tags:
             return  # not Redis, or nothing held
         try:
