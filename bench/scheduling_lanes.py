@@ -238,7 +238,7 @@ class StreamRun:
     unfinished: int
     alone_items_per_s: float
     with_items_per_s: float
-    longest_bulk_ms: float
+    bulk_runs_ms: list[float]  # run time of each bulk batch during the stream
     high_batches: list[Any] = field(default_factory=list)
     offered_per_s: float = 0.0
     bulk_waits_ms: list[float] = field(default_factory=list)  # oldest-item wait of each bulk batch
@@ -278,7 +278,7 @@ def stream_run(st: Stack, args: argparse.Namespace, name: str, priority: str, bu
             unfinished,
             sum(b.size for b in alone) / alone_s if alone_s else float("nan"),
             sum(b.size for b in bulk_with) / (s1 - s0),
-            max((b.run_ms for b in bulk_with), default=float("nan")),
+            [b.run_ms for b in bulk_with],
             batches_between(st, "high", s0, time.time() + 1),
             count / (s1 - s0),
             [b.wait_ms for b in bulk_with],
