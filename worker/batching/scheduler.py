@@ -60,6 +60,7 @@ class Lane:
     buckets: list[Bucket] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.waiting_since = self.served_at = float("-inf")
         self.policy = self.configured  # the configured policy, with N lowered while a size cap holds
         self.buckets = [Bucket() for _ in range(len(self.policy.bucket_edges) + 1)]
 
@@ -72,6 +73,8 @@ class Lane:
         return sum(bucket.size for bucket in self.buckets)
 
     def add(self, item: Item) -> None:
+        if not self.size:
+            self.waiting_since = item.arrived
         self.buckets[bisect_left(self.policy.bucket_edges, item.length)].add(item)
 
     def oldest_arrival(self) -> float:
@@ -81,8 +84,14 @@ class Lane:
         return self.oldest_arrival() + self.policy.max_wait_s
 
     def starving(self, now: float) -> bool:
+        """Has this lane gone ``max_delay_s`` with items waiting and no batch served?
+
+        Measured from the later of the last batch and the moment items began to wait, not from the
+        oldest item's arrival: a lane working through its own backlog is served, not starved, and
+        must not jump ahead of urgent lanes at every boundary.
+        """
         bound = self.policy.max_delay_s
-        return bound is not None and now - self.oldest_arrival() >= bound
+        return bound is not None and now - max(self.waiting_since, self.served_at) >= bound
 
     def full_bucket(self) -> int | None:
         """The bucket (oldest first) that already fills a batch by count or by token budget."""
@@ -115,6 +124,7 @@ class Lane:
             self.buckets[i].take_into(taken, self.policy)
             if len(taken) >= self.policy.max_batch_size:
                 break
+        self.served_at = now
         return taken
 
 
@@ -168,9 +178,11 @@ class Scheduler:
         lanes = [lane for lane in self._waiting(continuous=True) if lane.key[0] == model]
         if not lanes:
             return None
-        bucket = _most_urgent(lanes, now).oldest_bucket()
+        lane = _most_urgent(lanes, now)
+        bucket = lane.oldest_bucket()
         if not fits(bucket.peek_oldest().length):
             return None
+        lane.served_at = now
         return bucket.pop_oldest()
 
     def waiting_for(self, model: str) -> int:
