@@ -1,0 +1,577 @@
+"""Continuous vs static vs one-at-a-time batching of one GPT2 engine, under steady arrivals, on wall time.
+
+It drives ``worker.models.gpt2.GPT2`` directly (no Celery) on a random-weight GPT-2 checkpoint it builds in
+a temp dir (reused by later runs), and prints tokens/s, request latency and a step-cost table explaining
+them. It never asserts and never downloads. Run from the repository root:
+``python -m bench.continuous_batching [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from worker.models.gpt2 import GPT2, PAGE_TOKENS
+from worker.models.gpt2_cache import pages_for
+from worker.models.gpt2_inputs import Prompt
+from worker.settings import Settings
+
+PROMPT_TOKENS = (5, 40)
+NEW_TOKENS = (8, 256)
+# The step-cost table decodes from prompts as long as the workload's mean prompt, and as long as its
+# longest requests grow (40 + 256 tokens would be the very longest).
+SHORT_PROMPT_TOKENS = 22
+LONG_PROMPT_TOKENS = 256
+PROBE_STEPS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    layers: int
+    heads: int
+    width: int
+    positions: int
+    vocab: int  # 0: the tokenizer's own
+
+    def describe(self, vocab: int) -> str:
+        return (
+            f"n_layer={self.layers} n_head={self.heads} n_embd={self.width} n_positions={self.positions} "
+            f"vocab_size={vocab}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    index: int
+    arrival_s: float  # offset from the run's start
+    prompt: Prompt
+
+
+@dataclass
+class Run:
+    """One policy's outcome: per request its finish offset and tokens; per step its batch, wall time and
+    the cache it read (``kv_read``: every decoding row padded to the longest, as GPT2Network.decode
+    gathers it; ``kv_used``: the rows' own lengths)."""
+
+    policy: str
+    admit_s: dict[int, float] = field(default_factory=dict)
+    finish_s: dict[int, float] = field(default_factory=dict)
+    tokens: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    reasons: dict[int, str | None] = field(default_factory=dict)
+    step_batches: list[int] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    kv_read: int = 0
+    kv_used: int = 0
+    preemptions: int = 0
+    # Context tokens of each admitted sequence: prompt only until its prefill step, then + generated.
+    _joining: dict[int, int] = field(default_factory=dict)
+    _decoding: dict[int, int] = field(default_factory=dict)
+
+    def admit(self, engine: GPT2, arrival: Arrival, started: float) -> None:
+        engine.admit(arrival.index, arrival.prompt)
+        self.admit_s[arrival.index] = time.monotonic() - started
+        self._joining[arrival.index] = len(arrival.prompt.token_ids)
+
+    def step(self, engine: GPT2, started: float) -> None:
+        # Context lengths follow from the step count alone since no policy here is ever preempted
+        # (the KV budget holds every slot's worst case; the output prints the preemption count).
+        contexts = self._decoding.values()
+        if contexts:
+            self.kv_read += len(contexts) * max(contexts)
+            self.kv_used += sum(contexts)
+        self.step_batches.append(engine.running())
+        before = time.monotonic()
+        generations = engine.advance()
+        self.step_s.append(time.monotonic() - before)
+        now = time.monotonic() - started
+        self._decoding = {key: tokens + 1 for key, tokens in (self._decoding | self._joining).items()}
+        self._joining = {}
+        for generation in generations:
+            self._decoding.pop(generation.key)
+            self.finish_s[generation.key] = now
+            self.tokens[generation.key] = generation.token_ids
+            self.reasons[generation.key] = generation.error or generation.finish_reason
+
+    def latencies_s(self, arrivals: Sequence[Arrival]) -> list[float]:
+        return [self.finish_s[a.index] - a.arrival_s for a in arrivals]
+
+    def makespan_s(self) -> float:
+        return max(self.finish_s.values())
+
+    def generated(self) -> int:
+        return sum(map(len, self.tokens.values()))
+
+    def tokens_per_s(self) -> float:
+        return self.generated() / self.makespan_s()
+
+
+# -- the checkpoint --------------------------------------------------------------------------------
+
+
+def checkpoint_for(shape: ModelShape, seed: int) -> Path:
+    """A GPT-2-format checkpoint of ``shape`` in the temp dir, built once per shape and seed."""
+    name = f"batchwork-bench-gpt2-{shape.layers}x{shape.heads}x{shape.width}x{shape.positions}"
+    directory = Path(tempfile.gettempdir()) / f"{name}-v{shape.vocab}-s{seed}"
+    if (directory / "model.safetensors").is_file():
+        return directory
+    # Built aside and renamed, so a run stopped half way never leaves a checkpoint that looks whole.
+    building = Path(tempfile.mkdtemp(prefix=f"{name}-building-"))
+    build_checkpoint(building, shape, seed)
+    try:
+        building.rename(directory)
+    except OSError:  # another run got there first
+        shutil.rmtree(building, ignore_errors=True)
+    return directory
+
+
+def build_checkpoint(directory: Path, shape: ModelShape, seed: int) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tests.integration.tiny_gpt2 import INITIALIZER_RANGE, _tokenizer
+
+    tokenizer = _tokenizer()
+    tokenizer.save_pretrained(directory)
+    config = GPT2Config(
+        n_layer=shape.layers,
+        n_head=shape.heads,
+        n_embd=shape.width,
+        n_positions=shape.positions,
+        vocab_size=max(shape.vocab, len(tokenizer)),
+        initializer_range=INITIALIZER_RANGE,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config).eval()
+    # EOS's (tied) embedding row zeroed: with ln_f's zero bias its logit is exactly 0, far below the largest
+    # of the other random logits at every step, so greedy decoding never ends by EOS and max_new_tokens
+    # alone sets each request's length (the "eos" count in the output checks this).
+    with torch.no_grad():
+        model.transformer.wte.weight[tokenizer.eos_token_id].zero_()
+    model.save_pretrained(directory)
+
+
+def load_engine(checkpoint: Path, max_batch: int, device: str) -> GPT2:
+    # Room for max_batch sequences at their worst case: the KV cache never limits a policy, only the slots.
+    worst = PROMPT_TOKENS[1] + NEW_TOKENS[1]
+    budget = max_batch * pages_for(worst, PAGE_TOKENS) * PAGE_TOKENS
+
+    class Engine(GPT2):
+        max_running = max_batch  # a class setting, read by load when it sizes the SequenceScheduler
+
+    engine = Engine(Settings(gpt2_path=str(checkpoint), gpt2_kv_budget_tokens=budget))
+    engine.load(device)
+    return engine
+
+
+# -- the workload ----------------------------------------------------------------------------------
+
+
+def workload(count: int, vocab: int, eos: int, seed: int) -> list[Prompt]:
+    """Prompts of 5-40 random tokens; max_new_tokens log-uniform over 8-256, so most are short, a few long."""
+    rng = random.Random(seed)
+    tokens = [t for t in range(vocab) if t != eos]
+    low, high = math.log(NEW_TOKENS[0]), math.log(NEW_TOKENS[1])
+    return [
+        Prompt(
+            tuple(rng.choices(tokens, k=rng.randint(*PROMPT_TOKENS))),
+            max_new_tokens=round(math.exp(rng.uniform(low, high))),
+        )
+        for _ in range(count)
+    ]
+
+
+def steady(prompts: Sequence[Prompt], interval_s: float) -> list[Arrival]:
+    return [Arrival(i, i * interval_s, prompt) for i, prompt in enumerate(prompts)]
+
+
+# -- the three policies ----------------------------------------------------------------------------
+
+
+def wait_until(started: float, offset_s: float) -> None:
+    delay = started + offset_s - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def run_continuous(engine: GPT2, arrivals: Sequence[Arrival]) -> Run:
+    """Before every step, admit whatever has arrived while ``can_admit`` allows; a finished one leaves."""
+    run, queued, preempted = Run("continuous"), deque(arrivals), engine.preemptions
+    started = time.monotonic()
+    while queued or engine.running():
+        if not engine.running():
+            wait_until(started, queued[0].arrival_s)
+        now = time.monotonic() - started
+        while queued and queued[0].arrival_s <= now and engine.can_admit(queued[0].prompt.kv_tokens):
+            run.admit(engine, queued.popleft(), started)
+        run.step(engine, started)
+    run.preemptions = engine.preemptions - preempted
+    return run
+
+
+def run_static(engine: GPT2, arrivals: Sequence[Arrival], batch_size: int, policy: str) -> Run:
+    """When the engine is free, take what has arrived (up to ``batch_size``; else wait for the next
+    arrival) and run that batch to its end with no admissions; ``batch_size=1`` is one at a time."""
+    run, queued, preempted = Run(policy), deque(arrivals), engine.preemptions
+    started = time.monotonic()
+    while queued:
+        wait_until(started, queued[0].arrival_s)
+        now, batch = time.monotonic() - started, 0
+        while queued and batch < batch_size and queued[0].arrival_s <= now:
+            run.admit(engine, queued.popleft(), started)
+            batch += 1
+        while engine.running():
+            run.step(engine, started)
+    run.preemptions = engine.preemptions - preempted
+    return run
+
+
+# -- step cost -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """Median decode step with ``batch`` sequences decoding from short prompts, from long ones, and
+    mixed (one long among short ones); and prefilling ``batch`` short prompts together."""
+
+    batch: int
+    short_s: float
+    long_s: float
+    mixed_s: float
+    prefill_s: float
+
+
+def step_costs(engine: GPT2, batches: Sequence[int], vocab: int, rounds: int) -> list[StepCost]:
+    """Each figure the best of ``rounds``, the rounds sweeping every batch size in turn, so a burst of
+    outside load hits one round of each rather than every round of one."""
+    rng = random.Random(0)
+    best: dict[tuple[int, str], float] = {}
+    for _ in range(rounds):
+        for batch in batches:
+            short, long = [SHORT_PROMPT_TOKENS] * batch, [LONG_PROMPT_TOKENS] * batch
+            figures = {
+                "prefill": probe(engine, short, vocab, rng)[0],
+                "short": probe(engine, short, vocab, rng)[1],
+                "long": probe(engine, long, vocab, rng)[1],
+                "mixed": probe(engine, [LONG_PROMPT_TOKENS, *short[1:]], vocab, rng)[1],
+            }
+            for name, seconds in figures.items():
+                best[batch, name] = min(best.get((batch, name), math.inf), seconds)
+    return [
+        StepCost(b, best[b, "short"], best[b, "long"], best[b, "mixed"], best[b, "prefill"]) for b in batches
+    ]
+
+
+def probe(engine: GPT2, prompt_tokens: Sequence[int], vocab: int, rng: random.Random) -> tuple[float, float]:
+    """Prefill time of these prompts together, and the median of the PROBE_STEPS decode steps after it."""
+    for key, length in enumerate(prompt_tokens):
+        prompt = tuple(rng.randrange(1, vocab) for _ in range(length))
+        engine.admit(("probe", key), Prompt(prompt, PROBE_STEPS + 1))
+    before = time.monotonic()
+    engine.advance()
+    prefill_s = time.monotonic() - before
+    steps = []
+    while engine.running():
+        before = time.monotonic()
+        engine.advance()
+        steps.append(time.monotonic() - before)
+    return prefill_s, statistics.median(steps)
+
+
+# -- reporting -------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def print_step_costs(costs: Sequence[StepCost]) -> None:
+    print(
+        f"\ndecode step cost (ms, median of {PROBE_STEPS} steps, best of rounds): every sequence from a "
+        f"{SHORT_PROMPT_TOKENS}-token prompt (short), a {LONG_PROMPT_TOKENS}-token one (long), or one long "
+        f"among short ones (mixed); prefill: the batch's short prompts together"
+    )
+    header = ["batch", "short", "ms/token", "vs batch 1", "long", "mixed", "prefill"]
+    print("".join(f"{h:>11}" for h in header))
+    for cost in costs:
+        cells = [
+            cost.batch,
+            f"{cost.short_s * 1e3:.2f}",
+            f"{cost.short_s * 1e3 / cost.batch:.2f}",
+            f"{cost.short_s / costs[0].short_s:.2f}x",
+            f"{cost.long_s * 1e3:.2f}",
+            f"{cost.mixed_s * 1e3:.2f}" if cost.batch > 1 else "-",
+            f"{cost.prefill_s * 1e3:.1f}",
+        ]
+        print("".join(f"{c!s:>11}" for c in cells))
+
+
+def print_runs(runs: Sequence[Run], arrivals: Sequence[Arrival]) -> None:
+    header = ["policy", "tokens/s", "makespan s", "p50 lat s", "p99 lat s", "steps", "batch", "step ms"]
+    widths = [14, 10, 12, 11, 11, 7, 7, 9, 10, 9]
+    header += ["KV/step", "padding"]
+    print("\n" + "".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
+    for run in runs:
+        latencies = run.latencies_s(arrivals)
+        cells = [
+            run.policy,
+            f"{run.tokens_per_s():.0f}",
+            f"{run.makespan_s():.2f}",
+            f"{percentile(latencies, 50):.2f}",
+            f"{percentile(latencies, 99):.2f}",
+            len(run.step_s),
+            f"{statistics.fmean(run.step_batches):.1f}",
+            f"{statistics.fmean(run.step_s) * 1e3:.2f}",
+            f"{run.kv_read / len(run.step_s):.0f}",
+            f"{1 - run.kv_used / run.kv_read:.0%}",
+        ]
+        print("".join(f"{c!s:>{w}}" for c, w in zip(cells, widths, strict=True)))
+    print(
+        "(batch: mean running sequences per step; step ms: mean wall time of one engine.advance(); KV/step: "
+        "cached tokens a decode step gathers, every row padded to the longest; padding: the share of those "
+        "that are padding)"
+    )
+
+
+def print_ratios(continuous: Run, static: Run, arrivals: Sequence[Arrival]) -> float:
+    throughput = (continuous.generated() / continuous.makespan_s()) / (
+        static.generated() / static.makespan_s()
+    )
+    p99 = percentile(continuous.latencies_s(arrivals), 99) / percentile(static.latencies_s(arrivals), 99)
+    print(
+        f"\ncontinuous / static: tokens/s {throughput:.2f}x (target >= 2x: {_verdict(throughput >= 2)}), "
+        f"p99 latency {p99:.2f}x (target < 1x: {_verdict(p99 < 1)})"
+    )
+    return throughput
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
+
+
+def print_agreement(runs: Sequence[Run], arrivals: Sequence[Arrival]) -> None:
+    reference = runs[0]
+    differing = [
+        a.index for a in arrivals if any(run.tokens[a.index] != reference.tokens[a.index] for run in runs)
+    ]
+    names = ", ".join(run.policy for run in runs)
+    same = len(arrivals) - len(differing)
+    print(f"greedy token ids identical across {names}: {same}/{len(arrivals)} requests")
+    for index in differing[:5]:
+        first = min(_first_difference(run.tokens[index], reference.tokens[index]) for run in runs)
+        print(f"  request {index} differs from token {first} on")
+    reasons = [run.reasons[a.index] for run in runs for a in arrivals]
+    counts = {str(reason): reasons.count(reason) for reason in set(reasons)}
+    print(f"finish reasons over all runs: {counts}; KV-cache preemptions: {sum(r.preemptions for r in runs)}")
+
+
+def _first_difference(ours: Sequence[int], theirs: Sequence[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), len(ours))
+
+
+def print_why(runs: Sequence[Run], arrivals: Sequence[Arrival], costs: Sequence[StepCost]) -> None:
+    """tokens/s = mean running batch / mean step time: each policy's two factors, and the step costs."""
+    continuous, static = runs[0], runs[1]
+    last_arrival_s = arrivals[-1].arrival_s
+    print("\nwhy (tokens/s = mean batch / mean step time):")
+    for run in (continuous, static):
+        batch, step = statistics.fmean(run.step_batches), statistics.fmean(run.step_s)
+        print(
+            f"  {run.policy:>10}: {batch:4.1f} sequences a step at {step * 1e3:5.2f} ms = "
+            f"{step * 1e3 / batch:.2f} ms/token, reading {run.kv_read / len(run.step_s):.0f} cached tokens "
+            f"a step ({1 - run.kv_used / run.kv_read:.0%} padding); engine busy "
+            f"{sum(run.step_s) / run.makespan_s():.0%}, done {run.makespan_s() - last_arrival_s:.2f} s "
+            f"after the last arrival"
+        )
+    batches = statistics.fmean(continuous.step_batches) / statistics.fmean(static.step_batches)
+    steps = statistics.fmean(continuous.step_s) / statistics.fmean(static.step_s)
+    print(
+        f"  per second of engine time continuous generates {batches / steps:.2f}x static's tokens: "
+        f"{batches:.2f}x the running sequences a step, at {steps:.2f}x the step time"
+    )
+    one, full = costs[0], costs[-1]
+    print(
+        f"  slots: a short-context step at batch {full.batch} costs {full.short_s / one.short_s:.1f}x one at "
+        f"batch 1 ({full.short_s * 1e3 / full.batch:.2f} vs {one.short_s * 1e3:.2f} ms/token): filling idle "
+        f"slots, continuous batching's gain, is worth far less on this CPU than on a GPU, where a step costs "
+        f"about the same at batch 1 and 16"
+    )
+    print(
+        f"  cache: at batch {full.batch} a step costs {full.short_s * 1e3:.1f} ms short, "
+        f"{full.long_s * 1e3:.1f} ms long, {full.mixed_s * 1e3:.1f} ms with one long among short: "
+        f"GPT2Network.decode gathers every row's pages padded to the longest row, so a step costs about "
+        f"batch x longest context; continuous batching keeps long and short sequences side by side and pays "
+        f"for that padding, which static batches (whose members start together) mostly avoid"
+    )
+    print_latency_why(continuous, static, arrivals)
+
+
+def print_latency_why(continuous: Run, static: Run, arrivals: Sequence[Arrival]) -> None:
+    """Latency = queueing (arrival to admission) + running (admission to finish), at p50 and at the tail."""
+    parts = []
+    for run in (continuous, static):
+        by_latency = sorted(arrivals, key=lambda a: run.finish_s[a.index] - a.arrival_s)
+        tail = by_latency[-max(2, len(arrivals) // 50) :]  # the slowest 2%, about what p99 reads
+        parts.append(
+            f"{run.policy} p50 {_split(run, [by_latency[len(by_latency) // 2]])}, slowest {len(tail)} "
+            f"{_split(run, tail)} ({statistics.fmean(a.prompt.max_new_tokens for a in tail):.0f} tokens)"
+        )
+    print(f"  latency = queued + running: {'; '.join(parts)}")
+    print(
+        "  a continuous request starts at the next step, a static one waits for the batch in flight; a long "
+        "request's running time is its step count x the step time of whatever shares its steps"
+    )
+
+
+def _split(run: Run, arrivals: Sequence[Arrival]) -> str:
+    queued = statistics.fmean(run.admit_s[a.index] - a.arrival_s for a in arrivals)
+    running = statistics.fmean(run.finish_s[a.index] - run.admit_s[a.index] for a in arrivals)
+    return f"{queued:.2f} + {running:.2f} s"
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests, one probe round (~90 s)")
+    parser.add_argument("--requests", type=int, default=0, help="requests (0: 128, or 40 with --quick)")
+    parser.add_argument("--max-batch", type=int, default=16, help="most running sequences, all policies")
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=0.8,
+        help="offered tokens/s over the measured full-batch mixed decode rate; sets the arrival interval",
+    )
+    parser.add_argument(
+        "--sweep", default=None, help="other loads to compare continuous and static at (default 0.5,1.5)"
+    )
+    parser.add_argument("--interval-ms", type=float, default=0.0, help="arrival interval (0: from --load)")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--positions", type=int, default=512)
+    parser.add_argument("--vocab", type=int, default=0, help="vocab_size (0: the tiny BPE's own, 384)")
+    # One thread by default: the dev box is shared, and with two intra-op threads on two busy cores a
+    # step waits for the slower thread (measured: a batch-16 decode step 77 ms with 2 threads, 13.6 ms
+    # with 1, under the same outside load).
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    if args.sweep is None:
+        args.sweep = "" if args.quick else "0.5,1.5"
+    return args
+
+
+def interval_for(prompts: Sequence[Prompt], load: float, costs: Sequence[StepCost]) -> float:
+    """The arrival interval that offers ``load`` times the full-batch mixed decode rate."""
+    return statistics.fmean(p.max_new_tokens for p in prompts) / (load * full_rate(costs))
+
+
+def full_rate(costs: Sequence[StepCost]) -> float:
+    """Decode tokens/s of a full batch with one long sequence among short ones: what a continuous batch
+    of this workload (8-256 new tokens) looks like most of the time, so load 1 is about its capacity."""
+    return costs[-1].batch / costs[-1].mixed_s
+
+
+def print_sweep(
+    engine: GPT2, prompts: Sequence[Prompt], loads: Sequence[float], costs: Sequence[StepCost]
+) -> None:
+    """Continuous vs static at other arrival rates, to show the ratios are no accident of one Δ."""
+    header = ["load", "Δ ms", "cont tok/s", "static tok/s", "ratio", "cont p99 s", "static p99 s", "ratio"]
+    print("\nother arrival rates, same requests:")
+    print("".join(f"{h:>13}" for h in header))
+    for load in loads:
+        interval = interval_for(prompts, load, costs)
+        arrivals = steady(prompts, interval)
+        continuous = run_continuous(engine, arrivals)
+        static = run_static(engine, arrivals, engine.max_running, "static")
+        p99s = [percentile(run.latencies_s(arrivals), 99) for run in (continuous, static)]
+        cells = [
+            f"{load:.2f}",
+            f"{interval * 1e3:.1f}",
+            f"{continuous.tokens_per_s():.0f}",
+            f"{static.tokens_per_s():.0f}",
+            f"{continuous.tokens_per_s() / static.tokens_per_s():.2f}x",
+            f"{p99s[0]:.2f}",
+            f"{p99s[1]:.2f}",
+            f"{p99s[0] / p99s[1]:.2f}x",
+        ]
+        print("".join(f"{c:>13}" for c in cells))
+
+
+def describe_workload(
+    prompts: Sequence[Prompt], arrivals: Sequence[Arrival], costs: Sequence[StepCost]
+) -> None:
+    new_tokens = sorted(p.max_new_tokens for p in prompts)
+    prompt_tokens = [len(p.token_ids) for p in prompts]
+    interval = arrivals[1].arrival_s if len(arrivals) > 1 else 0.0
+    offered = statistics.fmean(new_tokens) / interval if interval else math.inf
+    print(
+        f"\nworkload: {len(prompts)} requests, prompts {min(prompt_tokens)}-{max(prompt_tokens)} tokens "
+        f"(mean {statistics.fmean(prompt_tokens):.0f}), max_new_tokens log-uniform "
+        f"{NEW_TOKENS[0]}-{NEW_TOKENS[1]} (median {statistics.median(new_tokens):.0f}, mean "
+        f"{statistics.fmean(new_tokens):.0f}, max {new_tokens[-1]}), greedy; {sum(new_tokens)} tokens to "
+        "generate"
+    )
+    print(
+        f"arrivals: one every {interval * 1e3:.1f} ms (Δ), the last at {arrivals[-1].arrival_s:.2f} s; "
+        f"offered {offered:.0f} tokens/s = {offered / full_rate(costs):.2f}x the batch-{costs[-1].batch} "
+        "mixed decode rate"
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shape = ModelShape(args.layers, args.heads, args.width, args.positions, args.vocab)
+    checkpoint = checkpoint_for(shape, args.seed)
+    config = json.loads((checkpoint / "config.json").read_text())
+    tokenizer_vocab = len(json.loads((checkpoint / "tokenizer.json").read_text())["model"]["vocab"])
+    engine = load_engine(checkpoint, args.max_batch, "cpu")
+    print(f"GPT-2, random weights (seed {args.seed}): {shape.describe(config['vocab_size'])}")
+    print(
+        f"checkpoint {checkpoint}; cpu, torch threads {torch.get_num_threads()} of {os.cpu_count()} cores; "
+        f"max running batch {args.max_batch} for every policy; KV cache never short (no preemption)"
+    )
+
+    batches = sorted({1, *(b for b in (4, 8, 16) if b < args.max_batch), args.max_batch})
+    costs = step_costs(engine, batches, tokenizer_vocab, rounds=1 if args.quick else 2)
+    print_step_costs(costs)
+
+    prompts = workload(
+        args.requests or (40 if args.quick else 128), tokenizer_vocab, config["eos_token_id"], args.seed
+    )
+    interval = args.interval_ms / 1e3 if args.interval_ms else interval_for(prompts, args.load, costs)
+    arrivals = steady(prompts, interval)
+    describe_workload(prompts, arrivals, costs)
+    runs = [
+        run_continuous(engine, arrivals),
+        run_static(engine, arrivals, args.max_batch, "static"),
+        run_static(engine, arrivals, 1, "one at a time"),
+    ]
+    print_runs(runs, arrivals)
+    print_ratios(runs[0], runs[1], arrivals)
+    print_agreement(runs, arrivals)
+    print_why(runs, arrivals, costs)
+    if args.sweep:
+        print_sweep(engine, prompts, [float(load) for load in args.sweep.split(",")], costs)
+
+
+if __name__ == "__main__":
+    main()
