@@ -54,6 +54,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--py-spy", type=Path, default=None, metavar="DIR", help="sample each worker with py-spy")
     p.add_argument("--py-spy-gil", action="store_true", help="with --py-spy: only samples holding the GIL")
     p.add_argument(
+        "--worker-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra BATCHWORK_NAME=VALUE for every batchwork worker, e.g. MAX_HELD_ITEMS=400000 (repeatable)",
+    )
+    p.add_argument(
         "--profile-producer",
         action="store_true",
         help="cProfile batchwork's producer: the delay calls of figure 2 (end to end), submit of figure 3",
@@ -100,6 +107,7 @@ class Services:
     broker: redis.Redis
     claims: redis.Redis
     redis_db: int
+    worker_settings: dict[str, str]  # --worker-setting, for batchwork workers
 
     def worker_env(self, **settings: Any) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("BATCHWORK_", "BENCH_"))}
@@ -143,7 +151,9 @@ def services(args: argparse.Namespace) -> Iterator[Services]:
     url = make_url(args.postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
     database_url = url.render_as_string(hide_password=False)
     db = create_engine(database_url)
-    found = Services(broker_url, database_url, schema, db, admin, client, claims, number)
+    extra = dict(setting.split("=", 1) for setting in args.worker_setting)
+    extra = {f"BATCHWORK_{name.upper().removeprefix('BATCHWORK_')}": value for name, value in extra.items()}
+    found = Services(broker_url, database_url, schema, db, admin, client, claims, number, extra)
     try:
         _prepare_process(found)
         yield found
@@ -291,11 +301,15 @@ def batch_stats(services: Services) -> tuple[int, float, float, float]:
 
 def batchwork_worker(services: Services, name: str, **settings: Any) -> WorkerProcess:
     env = services.worker_env(**{f"BATCHWORK_{k.upper()}": v for k, v in settings.items()})
+    env.update(services.worker_settings)
     argv = python_module("worker.cli", "worker", "--loglevel=INFO", "--hostname", f"{name}@bench")
     return WorkerProcess(argv, env, name)
 
 
 # -- figure 1: MiniLM raw vs pipeline ----------------------------------------------------------
+
+
+RAW, SORTED, PIPELINE = "raw", "raw sorted", "pipeline"
 
 
 def minilm_section(args: argparse.Namespace, services: Services) -> None:
@@ -310,48 +324,77 @@ def minilm_section(args: argparse.Namespace, services: Services) -> None:
     n, texts = args.minilm_n, corpus(args.minilm_items, args.seed)
     print(
         f"\n== 1. MiniLM raw vs pipeline: {len(texts)} sentences of 5-40 words (seed {args.seed}), N={n}, "
-        f"max_wait_ms={args.minilm_wait_ms:g}, reps={args.minilm_reps} (order raw,pipe,pipe,raw,...), "
+        f"max_wait_ms={args.minilm_wait_ms:g}, reps={args.minilm_reps}, "
         f"torch threads={torch.get_num_threads()}"
     )
     model = MiniLM(Settings())
     model.load(resolve_device("auto"))
-    batches = [texts[i : i + n] for i in range(0, len(texts), n)]
+    # "raw": batches of N in corpus order; "raw sorted": the corpus sorted by token count first, the least
+    # padding a plain loop can have (the worker's length buckets aim between the two).
+    lengths = {text: prepared.length for text, prepared in zip(texts, model.prepare(texts), strict=True)}
+    ordered = sorted(texts, key=lengths.__getitem__)
+    batches = {
+        RAW: [texts[i : i + n] for i in range(0, len(texts), n)],
+        SORTED: [ordered[i : i + n] for i in range(0, len(ordered), n)],
+    }
     knobs = {"minilm": {"max_batch_size": n, "max_wait_ms": args.minilm_wait_ms}}
     worker = batchwork_worker(services, "minilm", batching=knobs, preload=["minilm"])
     worker.wait_ready()
     wait_job(submit("minilm", texts[: 4 * n]), args.timeout_s)  # warm-up: first shapes allocate
-    for batch in batches[:4]:
+    for batch in batches[RAW][:4]:
         model.forward([prepared.payload for prepared in model.prepare(batch)])
 
     table: list[list[object]] = []
-    rates: dict[str, list[float]] = {"raw": [], "pipeline": []}
+    rates: dict[str, list[float]] = {RAW: [], SORTED: [], PIPELINE: []}
+    per_cpu: dict[str, list[float]] = {RAW: [], SORTED: [], PIPELINE: []}
     for rep in range(args.minilm_reps):
         # Alternating order (ABBA) cancels a load that drifts steadily during the run.
-        for kind in ("raw", "pipeline") if rep % 2 == 0 else ("pipeline", "raw"):
-            if kind == "raw":
-                rate, cells = _minilm_raw(model, batches, worker)
+        for kind in (RAW, SORTED, PIPELINE) if rep % 2 == 0 else (PIPELINE, SORTED, RAW):
+            if kind == PIPELINE:
+                rate, cells, cpu_s = _minilm_pipeline(
+                    args, services, texts, worker, f"minilm-pipeline-{rep + 1}"
+                )
             else:
-                rate, cells = _minilm_pipeline(args, services, texts, worker, f"minilm-pipeline-{rep + 1}")
+                rate, cells, cpu_s = _minilm_raw(model, batches[kind], worker)
             rates[kind].append(rate)
-            table.append([f"{kind} #{rep + 1}", rate, *cells])
+            per_cpu[kind].append(len(texts) / cpu_s)
+            table.append([f"{kind} #{rep + 1}", rate, *cells, len(texts) / cpu_s])
     headers = ["run", "items/s", "prepare s", "forward s", "batches", "mean N", "padded/real", "model busy"]
-    print_table([*headers, "CPU bench", "CPU worker", "CPU others"], table)
-    raw_rate, pipe_rate = statistics.median(rates["raw"]), statistics.median(rates["pipeline"])
-    pairs = ", ".join(ratio(p, r) for p, r in zip(rates["pipeline"], rates["raw"], strict=True))
-    print(
-        f"  median raw {raw_rate:,.0f} items/s, pipeline {pipe_rate:,.0f} items/s: "
-        f"pipeline/raw = {ratio(pipe_rate, raw_rate)} (target >= 0.90); per rep {pairs}"
-    )
-    print("  forward s of a pipeline run: the worker's sum of batches.run_ms; model busy: that / wall time;")
-    print("  CPU in cores; 'others' is the rest of the machine (PostgreSQL, Redis, other users)")
+    print_table([*headers, "CPU bench", "CPU worker", "CPU others", "items/CPU s"], table)
+    _minilm_summary(rates, per_cpu)
     worker.stop()
     print_problems([worker])
     services.truncate()
 
 
-def _minilm_raw(model: Any, batches: list[list[str]], worker: WorkerProcess) -> tuple[float, list[object]]:
+def _minilm_summary(rates: dict[str, list[float]], per_cpu: dict[str, list[float]]) -> None:
+    pipe, pipe_cpu = statistics.median(rates[PIPELINE]), statistics.median(per_cpu[PIPELINE])
+    rows = []
+    for kind in (RAW, SORTED):
+        base, base_cpu = statistics.median(rates[kind]), statistics.median(per_cpu[kind])
+        pairs = ", ".join(ratio(p, r) for p, r in zip(rates[PIPELINE], rates[kind], strict=True))
+        rows.append(
+            [
+                f"pipeline / {kind}",
+                f"{pipe:,.0f} / {base:,.0f}",
+                ratio(pipe, base),
+                pairs,
+                ratio(pipe_cpu, base_cpu),
+                ">= 0.90" if kind == RAW else "",
+            ]
+        )
+    print_table(["medians", "items/s", "ratio", "per rep", "ratio per CPU s", "target"], rows)
+    print("  per CPU s: items per CPU second of the bench process (raw) or the worker process (pipeline);")
+    print("  it moves less than items/s when other users load the machine ('CPU others', in cores).")
+    print("  forward s of a pipeline run: the worker's sum of batches.run_ms; model busy: that / wall time")
+
+
+def _minilm_raw(
+    model: Any, batches: list[list[str]], worker: WorkerProcess
+) -> tuple[float, list[object], float]:
     """prepare + forward in a plain loop, in this process; the worker beside it is idle (about 0.03 cores)."""
     prepare_s = forward_s = 0.0
+    real = padded = 0
     with processes.CpuMeter(worker) as cpu:
         started = time.perf_counter()
         for batch in batches:
@@ -360,23 +403,26 @@ def _minilm_raw(model: Any, batches: list[list[str]], worker: WorkerProcess) -> 
             t1 = time.perf_counter()
             model.forward(payloads)
             prepare_s, forward_s = prepare_s + t1 - t0, forward_s + time.perf_counter() - t1
+            real += sum(len(ids) for ids in payloads)
+            padded += max(len(ids) for ids in payloads) * len(payloads)
         elapsed = time.perf_counter() - started
     items = sum(len(batch) for batch in batches)
+    size = items / len(batches)
     cells: list[object] = [
         f"{prepare_s:.2f}",
         f"{forward_s:.2f}",
         len(batches),
-        len(batches[0]),
-        "",
+        f"{size:.1f}",
+        f"{padded / real:.2f}",
         "",
         *_cores(cpu),
     ]
-    return items / elapsed, cells
+    return items / elapsed, cells, cpu.seconds["bench"]
 
 
 def _minilm_pipeline(
     args: argparse.Namespace, services: Services, texts: list[str], worker: WorkerProcess, name: str
-) -> tuple[float, list[object]]:
+) -> tuple[float, list[object], float]:
     from worker.client import submit
 
     services.truncate()
@@ -394,7 +440,7 @@ def _minilm_pipeline(
         f"{run_ms / 1000 / elapsed:.0%}",
         *_cores(cpu),
     ]
-    return job.done / elapsed, cells
+    return job.done / elapsed, cells, cpu.seconds["workers"]
 
 
 def _cores(cpu: processes.CpuMeter) -> list[str]:
@@ -783,6 +829,12 @@ def _print_profile(profiler: Any, what: str = "submit()") -> None:
 # -- main -----------------------------------------------------------------------------------------
 
 
+def _busy_cores() -> float:
+    before = processes.machine_busy_s()
+    time.sleep(1)
+    return processes.machine_busy_s() - before
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
 
@@ -792,6 +844,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, on_term)
     print(f"bench.pipeline {' '.join(sys.argv[1:]) or '(defaults)'}")
     print("knobs: " + ", ".join(f"{k}={v}" for k, v in sorted(vars(args).items())))
+    print(f"machine busy before start: {_busy_cores():.2f} of {os.cpu_count()} cores (1 s sample)")
     print(
         f"host: {os.cpu_count()} cpus, Python {platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}"

@@ -120,6 +120,7 @@ class CpuMeter:
     def __init__(self, *workers: WorkerProcess) -> None:
         self.workers = workers
         self.cores: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
 
     def __enter__(self) -> CpuMeter:
         self._wall = time.monotonic()
@@ -135,11 +136,8 @@ class CpuMeter:
             group_cpu_s(w.pid) - before for w, before in zip(self.workers, self._groups, strict=True)
         )
         machine = machine_busy_s() - self._machine
-        self.cores = {
-            "bench": own / wall,
-            "workers": groups / wall,
-            "others": (machine - own - groups) / wall,
-        }
+        self.seconds = {"bench": own, "workers": groups, "others": machine - own - groups}
+        self.cores = {key: value / wall for key, value in self.seconds.items()}
 
 
 def machine_busy_s() -> float:
