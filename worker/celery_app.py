@@ -26,6 +26,9 @@ def transport_options(settings: Settings) -> dict[str, object]:
         "unacked_restore_interval": 2,
         "unacked_restore_throttle": 1,
         "unacked_restore_limit": 1000,
+        # BRPOP's timeout: a queue resumed after a pause (runtime/loop.py) is only polled once the
+        # BRPOP in flight returns, so kombu's default of 1 s stalled intake for a second each time.
+        "polling_interval": 0.1,
         # BRPOP checks the queues in the order the worker consumes them: high, normal, bulk.
         "queue_order_strategy": "priority",
         "socket_connect_timeout": 5,
@@ -51,7 +54,9 @@ def create_app(settings: Settings) -> Celery:
         worker_concurrency=1,
         worker_prefetch_multiplier=settings.prefetch_count,
         worker_send_task_events=True,
-        task_send_sent_event=True,
+        # Workers send received / started / succeeded for Flower; a "sent" event from producers
+        # would double every publish, and it is the producer that bounds single-item calls.
+        task_send_sent_event=False,
         worker_hijack_root_logger=False,
     )
     app.steps["consumer"].add(BatchingStep)

@@ -60,6 +60,7 @@ class Lane:
     buckets: list[Bucket] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.size = 0  # kept, not summed: it is read once per item added
         self.waiting_since = self.served_at = float("-inf")
         self.policy = self.configured  # the configured policy, with N lowered while a size cap holds
         self.buckets = [Bucket() for _ in range(len(self.policy.bucket_edges) + 1)]
@@ -68,14 +69,11 @@ class Lane:
         size = self.configured.max_batch_size if cap is None else min(cap, self.configured.max_batch_size)
         self.policy = replace(self.configured, max_batch_size=size)
 
-    @property
-    def size(self) -> int:
-        return sum(bucket.size for bucket in self.buckets)
-
     def add(self, item: Item) -> None:
         if not self.size:
             self.waiting_since = item.arrived
         self.buckets[bisect_left(self.policy.bucket_edges, item.length)].add(item)
+        self.size += 1
 
     def oldest_arrival(self) -> float:
         return min(bucket.oldest_arrival() for bucket in self.buckets if bucket.size)
@@ -125,6 +123,7 @@ class Lane:
             if len(taken) >= self.policy.max_batch_size:
                 break
         self.served_at = now
+        self.size -= len(taken)
         return taken
 
 
@@ -183,6 +182,7 @@ class Scheduler:
         if not fits(bucket.peek_oldest().length):
             return None
         lane.served_at = now
+        lane.size -= 1
         return bucket.pop_oldest()
 
     def waiting_for(self, model: str) -> int:

@@ -21,6 +21,8 @@ from worker.store.results import ItemOutcome, JobSpec, ResultStore
 
 log = logging.getLogger(__name__)
 
+MAX_GROUP = 64  # writes committed in one transaction at most
+
 
 class Storer:
     def __init__(self, store: ResultStore, acks: Acks, events: TaskEvents, holdings: Holdings) -> None:
@@ -33,8 +35,39 @@ class Storer:
     def loop(self) -> None:
         """The thread's body; a None on ``writes`` ends it once everything before it is stored."""
         while (write := self.writes.get()) is not None:
+            group, last = self._waiting_with(write)
+            self._commit_group(group)
+            for each in group:
+                self._settle(each)
+            if last:
+                return
+
+    def _waiting_with(self, first: Write) -> tuple[list[Write], bool]:
+        """``first`` and the writes queued behind it (small batches pay one commit); True if the end."""
+        group = [first]
+        while len(group) < MAX_GROUP:
+            try:
+                write = self.writes.get_nowait()
+            except queue.Empty:
+                return group, False
+            if write is None:
+                return group, True
+            group.append(write)
+        return group, False
+
+    def _commit_group(self, group: list[Write]) -> None:
+        batches = [w for w in group if w.outcomes]
+        if len(batches) > 1:
+            try:
+                stored = self.store.write_batches([(w.record, w.outcomes, w.jobs) for w in batches])
+                self._note_redelivered(sum(stored), sum(len(w.outcomes) for w in batches))
+                group = [w for w in group if not w.outcomes]
+            except Exception as exc:
+                log.warning(
+                    "storing %d batches together failed (%s); storing them one by one", len(batches), exc
+                )
+        for write in group:
             self._commit(write)
-            self._settle(write)
 
     def _commit(self, write: Write) -> None:
         """Store until it sticks: nothing is acknowledged that is not committed.
@@ -68,11 +101,13 @@ class Storer:
             self._store_refusal(write.deliveries[0])
         else:
             stored = self.store.write_batch(write.record, write.outcomes, write.jobs)
-            if stored < len(write.outcomes):
-                # Redelivered messages: first writer wins, nothing is counted twice.
-                log.info(
-                    "%d of %d outcomes were already stored", len(write.outcomes) - stored, len(write.outcomes)
-                )
+            self._note_redelivered(stored, len(write.outcomes))
+
+    @staticmethod
+    def _note_redelivered(stored: int, outcomes: int) -> None:
+        if stored < outcomes:
+            # Redelivered messages: first writer wins, nothing is counted twice.
+            log.info("%d of %d outcomes were already stored", outcomes - stored, outcomes)
 
     def _store_refusal(self, delivery: Delivery) -> None:
         kwargs = _safe_kwargs(delivery.message)

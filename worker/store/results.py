@@ -84,6 +84,9 @@ class BatchRecord:
     worker: str
 
 
+BatchWrite = tuple["BatchRecord | None", Sequence["ItemOutcome"], Sequence["JobSpec"]]
+
+
 @dataclass(frozen=True, slots=True)
 class JobStatus:
     job_id: str
@@ -129,21 +132,33 @@ class ResultStore:
         so far is created from it. Outcomes already stored (a redelivered message) are skipped and not
         counted again.
         """
-        specs = {spec.job_id: spec for spec in jobs}
-        _check_specs(outcomes, specs)
+        return self.write_batches([(record, outcomes, jobs)])[0]
+
+    def write_batches(self, batches: Sequence[BatchWrite]) -> list[int]:
+        """Several batches as in ``write_batch``, in ONE transaction (small batches pay one commit)."""
+        specs: dict[str, JobSpec] = {}
+        for _, outcomes, jobs in batches:
+            mine = {spec.job_id: spec for spec in jobs}
+            _check_specs(outcomes, mine)
+            specs.update(mine)
         now = _utcnow()
         # Jobs and items go in sorted order so two workers writing overlapping jobs (redelivery) take
         # PostgreSQL's row locks in the same order and cannot deadlock.
         job_rows = [_job_row(specs[job_id], now) for job_id in sorted(specs)]
+        counts: list[int] = []
+        inserted_all: list[Any] = []
         with self.engine.begin() as conn:
             if job_rows:
                 bulk.insert_jobs(conn, job_rows)
-            batch_id = None if record is None else _insert_batch(conn, record)
-            inserted = bulk.insert_results(conn, _item_rows(outcomes), batch_id, now)
-            progress = _progress_by_job(inserted, now)
+            for record, outcomes, _ in batches:
+                batch_id = None if record is None else _insert_batch(conn, record)
+                inserted = bulk.insert_results(conn, _item_rows(outcomes), batch_id, now)
+                counts.append(len(inserted))
+                inserted_all.extend(inserted)
+            progress = _progress_by_job(inserted_all, now)
             if progress:
                 conn.execute(_PROGRESS, progress)
-        return len(inserted)
+        return counts
 
     def status(self, job_id: str) -> JobStatus | None:
         """The job's state and counts, or None for a job never created."""
