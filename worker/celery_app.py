@@ -53,7 +53,7 @@ def create_app(settings: Settings) -> Celery:
         worker_pool="solo",
         worker_concurrency=1,
         worker_prefetch_multiplier=settings.prefetch_count,
-        worker_send_task_events=True,
+        worker_send_task_events=settings.task_events,
         # Workers send received / started / succeeded for Flower; a "sent" event from producers
         # would double every publish, and it is the producer that bounds single-item calls.
         task_send_sent_event=False,

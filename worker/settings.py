@@ -67,6 +67,8 @@ class Settings(BaseSettings):
     # Per-model batching, e.g. BATCHWORK_BATCHING='{"minilm": {"max_batch_size": 32, "max_wait_ms": 20}}'.
     batching: dict[str, Batching] = Field(default_factory=dict)
 
+    # Celery task events (received / started / succeeded per message) for Flower; each is a publish.
+    task_events: bool = True
     # Models a worker loads at start instead of on their first message, e.g. '["minilm"]'.
     preload: list[str] = Field(default_factory=list)
 
