@@ -78,15 +78,16 @@ def test_sigkilled_workers_lose_nothing_and_duplicate_nothing(redis_url: str, pg
         visibility_timeout_s="6",
         submit_chunk_size="100",
         max_held_items="1000",
-        simulated_base_ms="5",
-        simulated_per_item_ms="0.2",
+        # 20 ms + 2 ms an item: about 430 items/s a worker, so the run lasts long enough to kill into.
+        simulated_base_ms="20",
+        simulated_per_item_ms="2",
         batching={"simulated": {"max_batch_size": 64, "max_wait_ms": 10}},
     )
     calm = run_jobs(env, store, kill_every_s=None)
     with store.engine.begin() as conn:
         conn.execute(tables.results.delete())
         conn.execute(tables.jobs.delete())
-    chaos = run_jobs(env, store, kill_every_s=3.0)
+    chaos = run_jobs(env, store, kill_every_s=2.0)
     assert chaos["kills"] >= 3
     print("\nchaos figures:", json.dumps({"no kills": calm, "with kills": chaos}))
 
