@@ -240,7 +240,8 @@ class Engine:
                 self._lock.wait(None if deadline is None else max(0.0, deadline - now))
 
     def _steppers(self) -> list[StepModel]:
-        return [model for model in self.models.values() if isinstance(model, StepModel)]
+        # list(): the prepare thread may add a model meanwhile; copying the values is atomic.
+        return [model for model in list(self.models.values()) if isinstance(model, StepModel)]
 
     def _has_steps(self, model: StepModel) -> bool:
         return model.running() > 0 or self.scheduler.waiting_for(model.name) > 0
