@@ -1,4 +1,4 @@
-"""Where Celery meets the engine: a task strategy, a consumer bootstep, acks and task events.
+"""Where Celery meets the engine: a task strategy, a consumer bootstep, task events, the broker epoch.
 
 Celery's default strategy would run each message as one task. Ours hands the raw message to the
 engine and leaves it unacknowledged until every item in it is stored. Nothing here runs models.
@@ -66,7 +66,7 @@ class CeleryTaskEvents:
         if delivery.error is not None:
             self._send("task-failed", delivery, exception=delivery.error, traceback="")
             return
-        result = {"items": delivery.call.total if delivery.call else 0, "failed": delivery.failed}
+        result = {"items": len(delivery.call.inputs) if delivery.call else 0, "failed": delivery.failed}
         self._send("task-succeeded", delivery, result=saferepr(result), runtime=runtime)
 
 
