@@ -139,21 +139,45 @@ class GPT2Network:
 
     @torch.inference_mode()
     def decode(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> torch.Tensor:
-        """Feed each sequence its latest token at its own position, over its own cache: logits [b, vocab]."""
+        """Feed each sequence its latest token at its own position, over its own cache: logits [b, vocab].
+
+        Attention reads each sequence's cache padded only to the longest context of its length group
+        (contexts within 2x of each other), not of the whole batch: in a continuous batch long and
+        short sequences run side by side, and one long context would otherwise make every row pay.
+        """
         at = torch.tensor(positions, device=self.device)
         rows = torch.arange(len(tokens), device=self.device)
         table = self._page_table(pages)
         page_ids, offsets = self._slots(table, rows, at)
-        length = max(positions) + 1
-        mask = (torch.arange(length, device=self.device)[None, :] <= at[:, None])[:, None, None]
+        groups = [self._decode_group(index, positions, at, table) for index in _length_groups(positions)]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.pool.write(layer, page_ids, offsets, k[:, :, 0], v[:, :, 0])
-            keys, values = self.pool.gather(layer, table, length)
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scales[layer])
+            out = q if len(groups) == 1 else torch.empty_like(q)
+            for index, group_table, length, mask in groups:
+                keys, values = self.pool.gather(layer, group_table, length)
+                part = F.scaled_dot_product_attention(
+                    q if index is None else q[index], keys, values, attn_mask=mask, scale=self.scales[layer]
+                )
+                if index is None:
+                    return part
+                out[index] = part
+            return out
 
         ids = torch.tensor(tokens, device=self.device)[:, None]
         return self._logits(self._layers(ids, at[:, None], attend)[:, 0])
+
+    def _decode_group(
+        self, index: list[int] | None, positions: list[int], at: torch.Tensor, table: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor, int, torch.Tensor]:
+        """Row index, page table, context length and mask of one length group (index None: every row)."""
+        rows = None if index is None else torch.tensor(index, device=self.device)
+        length = max(positions if index is None else [positions[i] for i in index]) + 1
+        pages = -(-length // self.pool.page_tokens)
+        group_table = (table if rows is None else table[rows])[:, :pages]
+        group_at = at if rows is None else at[rows]
+        mask = (torch.arange(length, device=self.device)[None, :] <= group_at[:, None])[:, None, None]
+        return rows, group_table, length, mask
 
     def _page_table(self, pages: list[list[int]]) -> torch.Tensor:
         """One row of page ids per sequence; short rows are padded with page 0, whose contents the
@@ -223,3 +247,15 @@ def _block(take: Take, prefix: str) -> Block:
         fc=pair("mlp.c_fc"),
         fc_proj=pair("mlp.c_proj"),
     )
+
+
+def _length_groups(positions: list[int]) -> list[list[int] | None]:
+    """Rows split so that contexts within a group are within 2x of each other; [None] for one group."""
+    order = sorted(range(len(positions)), key=positions.__getitem__)
+    groups: list[list[int]] = []
+    for row in order:
+        if groups and positions[row] + 1 <= 2 * (positions[groups[-1][0]] + 1):
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return [None] if len(groups) == 1 else list(groups)
