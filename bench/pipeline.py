@@ -17,7 +17,6 @@ import signal
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,15 +26,13 @@ from typing import Any
 
 import redis
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
 
 from bench import processes, spy
 from bench.processes import WorkerProcess, python_module
+from bench.services import postgres_schema, redis_database
 
 # The integration tests claim Redis databases 1..15 with these keys in database 0; the bench does the same
 # so a test run and a bench run on one machine never share a database.
-CLAIM_KEY = "batchwork:test-db-claim:{}"
-CLAIM_TTL_S = 1800
 POLL_S = 0.02
 
 
@@ -103,9 +100,7 @@ class Services:
     database_url: str
     schema: str
     db: Engine  # on the bench schema
-    admin: Engine  # on the database, for creating and dropping the schema
     broker: redis.Redis
-    claims: redis.Redis
     redis_db: int
     worker_settings: dict[str, str]  # --worker-setting, for batchwork workers
 
@@ -129,47 +124,27 @@ class Services:
             conn.execute(text("TRUNCATE results, jobs, batches, bench_results"))
 
 
-def claim_redis(base_url: str, wanted: int) -> tuple[redis.Redis, int]:
-    claims = redis.Redis.from_url(f"{base_url}/0")
-    for number in [wanted, *range(15, 0, -1)]:
-        if claims.set(CLAIM_KEY.format(number), f"bench {os.getpid()}", nx=True, ex=CLAIM_TTL_S):
-            return claims, number
-    raise RuntimeError("every Redis database 1..15 is claimed by a test or bench run; try again later")
-
-
 @contextmanager
 def services(args: argparse.Namespace) -> Iterator[Services]:
-    base = args.redis_url.rstrip("/")
-    claims, number = claim_redis(base, args.redis_db)
-    broker_url = f"{base}/{number}"
-    client = redis.Redis.from_url(broker_url)
-    client.flushdb()
-    schema = f"bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(args.postgres_url)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(args.postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    database_url = url.render_as_string(hide_password=False)
-    db = create_engine(database_url)
-    extra = dict(setting.split("=", 1) for setting in args.worker_setting)
-    extra = {f"BATCHWORK_{name.upper().removeprefix('BATCHWORK_')}": value for name, value in extra.items()}
-    found = Services(broker_url, database_url, schema, db, admin, client, claims, number, extra)
-    try:
-        _prepare_process(found)
-        yield found
-    finally:
-        processes.stop_all()
-        db.dispose()
-        if "worker.tasks" in sys.modules:
-            sys.modules["worker.tasks"].job_store(database_url).close()
-        with admin.begin() as conn:
-            conn.execute(text("SET LOCAL lock_timeout = '10s'"))
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
-        client.flushdb()
-        client.close()
-        claims.delete(CLAIM_KEY.format(number))
-        claims.close()
+    with (
+        redis_database(args.redis_url, args.redis_db, "bench") as (client, broker_url),
+        postgres_schema(args.postgres_url, "bench") as (_admin, schema, database_url),
+    ):
+        db = create_engine(database_url)
+        extra = dict(setting.split("=", 1) for setting in args.worker_setting)
+        extra = {
+            f"BATCHWORK_{name.upper().removeprefix('BATCHWORK_')}": value for name, value in extra.items()
+        }
+        number = int(broker_url.rsplit("/", 1)[1])
+        found = Services(broker_url, database_url, schema, db, client, number, extra)
+        try:
+            _prepare_process(found)
+            yield found
+        finally:
+            processes.stop_all()
+            db.dispose()
+            if "worker.tasks" in sys.modules:
+                sys.modules["worker.tasks"].job_store(database_url).close()
 
 
 def _prepare_process(found: Services) -> None:

@@ -14,7 +14,6 @@ import math
 import os
 import sys
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,14 +21,12 @@ from typing import Any
 
 import redis
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
 
 from bench import processes
 from bench.processes import WorkerProcess, python_module
+from bench.services import postgres_schema, redis_database
 
 # The claim keys of the integration tests (database 0), so a test run and this bench never share a database.
-CLAIM_KEY = "batchwork:test-db-claim:{}"
-CLAIM_TTL_S = 1800
 MODEL = "simulated"
 
 
@@ -66,56 +63,34 @@ class Stack:
             conn.execute(text("TRUNCATE results, jobs, batches"))
 
 
-def _claim_redis(claims: redis.Redis, wanted: int) -> int:
-    for number in [wanted, *range(15, 0, -1)]:
-        if claims.set(CLAIM_KEY.format(number), f"bench.scheduling {os.getpid()}", nx=True, ex=CLAIM_TTL_S):
-            return number
-    raise RuntimeError("every Redis database 1..15 is claimed by a test or bench run; try again later")
-
-
 @contextmanager
 def stack(args: argparse.Namespace) -> Iterator[Stack]:
     if "worker.celery_app" in sys.modules:
         raise RuntimeError("worker.celery_app was imported before the bench set BATCHWORK_* (read once)")
-    base = args.redis_url.rstrip("/")
-    claims = redis.Redis.from_url(f"{base}/0")
-    number = _claim_redis(claims, args.redis_db)
-    broker_url = f"{base}/{number}"
-    broker = redis.Redis.from_url(broker_url)
-    broker.flushdb()
-    schema = f"bench_sched_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(args.postgres_url)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(args.postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    database_url = url.render_as_string(hide_password=False)
-    db = create_engine(database_url)
-    store = None
-    try:
-        for name in [k for k in os.environ if k.startswith("BATCHWORK_")]:
-            del os.environ[name]
-        os.environ.update(BATCHWORK_BROKER_URL=broker_url, BATCHWORK_DATABASE_URL=database_url)
-        from worker.store.results import ResultStore
-        from worker.store.schema import migrate
+    with (
+        redis_database(args.redis_url, args.redis_db, "bench.scheduling") as (broker, broker_url),
+        postgres_schema(args.postgres_url, "bench_sched") as (_admin, schema, database_url),
+    ):
+        db = create_engine(database_url)
+        store = None
+        try:
+            for name in [k for k in os.environ if k.startswith("BATCHWORK_")]:
+                del os.environ[name]
+            os.environ.update(BATCHWORK_BROKER_URL=broker_url, BATCHWORK_DATABASE_URL=database_url)
+            from worker.store.results import ResultStore
+            from worker.store.schema import migrate
 
-        migrate(database_url)
-        store = ResultStore.from_url(database_url)
-        yield Stack(broker_url, database_url, schema, number, broker, db, store)
-    finally:
-        processes.stop_all()
-        if store is not None:
-            store.close()
-        if "worker.tasks" in sys.modules:
-            sys.modules["worker.tasks"].job_store(database_url).close()
-        db.dispose()
-        with admin.begin() as conn:
-            conn.execute(text("SET LOCAL lock_timeout = '10s'"))
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
-        broker.flushdb()
-        broker.close()
-        claims.delete(CLAIM_KEY.format(number))
-        claims.close()
+            migrate(database_url)
+            store = ResultStore.from_url(database_url)
+            number = int(broker_url.rsplit("/", 1)[1])
+            yield Stack(broker_url, database_url, schema, number, broker, db, store)
+        finally:
+            processes.stop_all()
+            if store is not None:
+                store.close()
+            if "worker.tasks" in sys.modules:
+                sys.modules["worker.tasks"].job_store(database_url).close()
+            db.dispose()
 
 
 # -- knobs -----------------------------------------------------------------------------------------
