@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 
 from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos  # noqa: F401  (fixtures for every test here)
 from worker.store.db import make_engine
+from worker.store.results import ResultStore
 from worker.store.schema import migrate
 
 POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
@@ -73,6 +74,17 @@ def db_url(empty_db_url: str) -> str:
     """A database of each dialect in turn, migrated to head."""
     migrate(empty_db_url)
     return empty_db_url
+
+
+@pytest.fixture
+def pg_store(pg_url: str) -> Iterator[ResultStore]:
+    """A store on this test's own PostgreSQL schema, migrated to head."""
+    migrate(pg_url)
+    store = ResultStore.from_url(pg_url)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 @pytest.fixture

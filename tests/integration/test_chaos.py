@@ -67,11 +67,10 @@ def _all_finished(store: ResultStore, job_ids: list[str]) -> bool:
 
 
 @pytest.mark.slow
-def test_sigkilled_workers_lose_nothing_and_duplicate_nothing(redis_url: str, pg_url: str) -> None:
-    from worker.store.schema import migrate
-
-    migrate(pg_url)
-    store = ResultStore.from_url(pg_url)
+def test_sigkilled_workers_lose_nothing_and_duplicate_nothing(
+    redis_url: str, pg_url: str, pg_store: ResultStore
+) -> None:
+    store = pg_store
     env = service_env(
         redis_url,
         pg_url,
@@ -93,11 +92,10 @@ def test_sigkilled_workers_lose_nothing_and_duplicate_nothing(redis_url: str, pg
 
 
 @pytest.mark.slow
-def test_sigterm_stops_after_the_batch_in_flight_and_hands_back_the_rest(redis_url: str, pg_url: str) -> None:
-    from worker.store.schema import migrate
-
-    migrate(pg_url)
-    store = ResultStore.from_url(pg_url)
+def test_sigterm_stops_after_the_batch_in_flight_and_hands_back_the_rest(
+    redis_url: str, pg_url: str, pg_store: ResultStore
+) -> None:
+    store = pg_store
     env = service_env(
         redis_url,
         pg_url,

@@ -35,10 +35,9 @@ def poll_json(url: str, auth: tuple[str, str], accept, timeout_s: float = 60):
 
 
 @pytest.mark.slow
-def test_flower_shows_the_batching_worker_and_its_tasks(redis_url: str, pg_url: str) -> None:
-    from worker.store.schema import migrate
-
-    migrate(pg_url)
+def test_flower_shows_the_batching_worker_and_its_tasks(
+    redis_url: str, pg_url: str, pg_store: ResultStore
+) -> None:
     env = service_env(redis_url, pg_url)
     port, auth = free_port(), ("admin", "s3cret")
     flower = subprocess.Popen(
@@ -61,7 +60,7 @@ def test_flower_shows_the_batching_worker_and_its_tasks(redis_url: str, pg_url: 
     try:
         with workers(env):
             [job_id] = produce(env, [{"via": "delay", "model": "noop", "inputs": ["hello", "flower"]}])
-            wait_finished(ResultStore.from_url(pg_url), [job_id])
+            wait_finished(pg_store, [job_id])
             base = f"http://127.0.0.1:{port}"
             workers_seen = poll_json(f"{base}/api/workers?refresh=1", auth, lambda w: "w0@test" in w)
             assert "w0@test" in workers_seen

@@ -21,14 +21,12 @@ from worker.store.results import ResultStore
 def test_generation_through_the_pipeline_equals_greedy_generate(
     redis_url: str,
     pg_url: str,
+    pg_store: ResultStore,
     tiny_gpt2_eos: Path,
 ) -> None:
     from transformers import AutoTokenizer
 
-    from worker.store.schema import migrate
-
-    migrate(pg_url)
-    store = ResultStore.from_url(pg_url)
+    store = pg_store
     items = [{"prompt": prompt, "max_new_tokens": n} for prompt, n, _ in CASES]
     env = service_env(
         redis_url, pg_url, gpt2_path=str(tiny_gpt2_eos), gpt2_kv_budget_tokens="160", preload=["gpt2"]

@@ -14,7 +14,6 @@ from sqlalchemy.engine import make_url
 from tests.integration.processes import produce, service_env, wait_finished, workers
 from tests.integration.tcp_proxy import TcpProxy
 from worker.store.results import ResultStore
-from worker.store.schema import migrate
 
 SLOW_SIMULATED = {
     "simulated_base_ms": "50",
@@ -24,9 +23,8 @@ SLOW_SIMULATED = {
 
 
 @pytest.mark.slow
-def test_a_database_outage_mid_run_loses_nothing(redis_url: str, pg_url: str) -> None:
-    migrate(pg_url)
-    store = ResultStore.from_url(pg_url)
+def test_a_database_outage_mid_run_loses_nothing(redis_url: str, pg_url: str, pg_store: ResultStore) -> None:
+    store = pg_store
     url = make_url(pg_url)
     proxy = TcpProxy(url.host or "127.0.0.1", url.port or 5432)
     through_proxy = url.set(port=proxy.port).render_as_string(hide_password=False)
@@ -81,11 +79,12 @@ def start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
 
 
 @pytest.mark.slow
-def test_a_broker_restart_that_loses_the_queue_still_ends_every_item(pg_url: str, tmp_path: Path) -> None:
+def test_a_broker_restart_that_loses_the_queue_still_ends_every_item(
+    pg_url: str, pg_store: ResultStore, tmp_path: Path
+) -> None:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
-    migrate(pg_url)
-    store = ResultStore.from_url(pg_url)
+    store = pg_store
     port = free_port()
     redis = start_redis(port, tmp_path)  # a Redis of this test's own, since it gets killed
     env = service_env(

@@ -20,11 +20,8 @@ QUEUES = ("batchwork.high", "batchwork.normal", "batchwork.bulk")
 
 
 @pytest.fixture
-def stack(redis_url: str, pg_url: str) -> tuple[dict[str, str], ResultStore]:
-    from worker.store.schema import migrate
-
-    migrate(pg_url)
-    return service_env(redis_url, pg_url), ResultStore.from_url(pg_url)
+def stack(redis_url: str, pg_url: str, pg_store: ResultStore) -> tuple[dict[str, str], ResultStore]:
+    return service_env(redis_url, pg_url), pg_store
 
 
 def texts(prefix: str, n: int) -> list[dict[str, str]]:
