@@ -75,14 +75,16 @@ class Write:
     record: BatchRecord | None
     outcomes: list[ItemOutcome] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
-    jobs: list[JobSpec] = field(default_factory=list)
     degraded: bool = False  # outputs replaced by errors after the database refused them
 
     def add(self, outcome: ItemOutcome, delivery: Delivery) -> None:
         self.outcomes.append(outcome)
         self.deliveries.append(delivery)
-        if delivery.job not in self.jobs:
-            self.jobs.append(delivery.job)
+
+    @property
+    def jobs(self) -> list[JobSpec]:
+        """The jobs of these outcomes, once each (the store creates any job row still missing)."""
+        return list(dict.fromkeys(delivery.job for delivery in self.deliveries if delivery.call is not None))
 
 
 class Holdings:

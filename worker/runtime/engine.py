@@ -205,7 +205,7 @@ class Engine:
 
     def _queue_errors(self, delivery: Delivery, outcomes: list[ItemOutcome]) -> None:
         if outcomes:
-            self._writes.put(Write(None, outcomes, [delivery] * len(outcomes), [delivery.job]))
+            self._writes.put(Write(None, outcomes, [delivery] * len(outcomes)))
 
     # -- run -------------------------------------------------------------------------------
 
