@@ -158,6 +158,8 @@ def status(job_id: str) -> None:
         value = getattr(job, name)
         if value is not None:
             table.add_row(name, str(value))
+    if job.generated_tokens is not None:
+        table.add_row("generated_tokens", f"{job.generated_tokens} ({job.running_tokens} by running items)")
     Console().print(table)
     batches = client.store.recent_batches(job_id, limit=10)
     if batches:

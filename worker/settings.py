@@ -82,6 +82,8 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = Field(default=30, ge=4)
     # After the broker restarts empty, workers wait this long before ending never-delivered items as lost.
     lost_grace_s: float = Field(default=60.0, ge=0)
+    # How often a worker stores the tokens its running sequences have generated, for `batchwork status`.
+    tokens_report_s: float = Field(default=1.0, gt=0)
     # client.submit splits a job into messages of this many items.
     submit_chunk_size: int = Field(default=512, ge=1)
 

@@ -1,4 +1,5 @@
-"""GPT-2 generation through a real worker on Redis + PostgreSQL equals transformers' greedy generate.
+"""GPT-2 generation through a real worker on Redis + PostgreSQL equals transformers' greedy generate,
+and `batchwork status` shows the tokens generated so far while a generation job runs.
 
 Requests arrive at different times, so sequences join and leave the running batch; a small KV
 budget forces preemptions on the way. Each stored output must equal the prompt run alone.
@@ -7,12 +8,14 @@ budget forces preemptions on the way. Each stored output must equal the prompt r
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.processes import produce, service_env, wait_finished, workers
+from tests.integration.processes import ROOT, produce, service_env, wait_finished, workers
 from tests.integration.test_gpt2_decoder import CASES, reference_ids
 from worker.store.results import ResultStore
 
@@ -50,3 +53,46 @@ def test_generation_through_the_pipeline_equals_greedy_generate(
             item
         )
     assert {"eos", "length"} == {o["finish_reason"] for o in outputs}
+    # Every stored output's tokens, and nothing still counted as running.
+    counts = [(s.generated_tokens, s.running_tokens) for s in wait_finished(store, job_ids)]
+    assert counts[0] == (sum(o["tokens"] for o in outputs[:4]), 0)
+    assert counts[1:] == [(o["tokens"], 0) for o in outputs[4:]]
+
+
+COUNTER = "tests.integration.counting_model:Counter"
+
+
+@pytest.mark.slow
+def test_status_shows_generated_tokens_while_items_run(
+    redis_url: str, pg_url: str, pg_store: ResultStore
+) -> None:
+    counts = [60, 40, 25, 10, 5, 50]  # 20 ms a step, 4 running at once: about 2 s in all
+    env = service_env(redis_url, pg_url, tokens_report_s="0.1", preload=[COUNTER])
+    seen: list[tuple[int, int, int]] = []  # (stored items, generated tokens, by running items)
+    with workers(env) as procs:
+        [job_id] = produce(
+            env, [{"via": "submit", "model": COUNTER, "inputs": [{"count": n} for n in counts]}]
+        )
+        deadline = time.monotonic() + 60
+        while (status := pg_store.status(job_id)) is not None and status.finished_at is None:
+            assert time.monotonic() < deadline, "\n".join(procs[0].log[-30:])
+            if status.generated_tokens is not None:
+                seen.append((status.done, status.generated_tokens, status.running_tokens or 0))
+            time.sleep(0.05)
+    assert status is not None and status.state == "succeeded"
+    assert (status.generated_tokens, status.running_tokens) == (sum(counts), 0)
+    # Seen mid-run: tokens of items still running, and a total that only grows.
+    assert any(running > 0 and done < len(counts) for done, _, running in seen), seen
+    totals = [total for _, total, _ in seen]
+    assert totals == sorted(totals) and 0 < totals[-1] <= sum(counts), seen
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "status", job_id],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert f"generated_tokens  {sum(counts)} (0 by running items)" in shown, shown

@@ -152,6 +152,28 @@ def test_preemption_changes_no_output(tiny_gpt2: Path, kv_budget_tokens: int) ->
     assert tight.preemptions > 0
 
 
+def test_progress_counts_every_sequence_through_preemption(tiny_gpt2: Path) -> None:  # noqa: F811
+    # What `batchwork status` shows while a job runs: each admitted sequence's tokens so far, one more a
+    # step (none while preempted), never going back when its cache is freed and recomputed, until it
+    # leaves with one more than last shown.
+    model = engine(tiny_gpt2, kv_budget_tokens=96)
+    queued = list(enumerate(payloads(model, [{**item, "max_new_tokens": 40} for item in greedy_items()])))
+    before: dict[int, int] = {}
+    stalled = 0  # steps a sequence spent preempted
+    while queued or model.running():
+        while queued and model.can_admit(queued[0][1].kv_tokens):
+            model.admit(*queued.pop(0))
+        left = {generation.key: len(generation.token_ids) for generation in model.advance()}
+        now = dict(model.progress())
+        assert now.keys() == (before.keys() | now.keys()) - left.keys()
+        assert all(left[key] == tokens + 1 for key, tokens in before.items() if key in left)
+        assert all(now[key] - tokens in (0, 1) for key, tokens in before.items() if key in now)
+        stalled += sum(now[key] == tokens for key, tokens in before.items() if key in now)
+        before = now
+    assert stalled > 0
+    assert model.preemptions > 0
+
+
 def test_static_and_one_at_a_time_give_the_continuous_outputs(tiny_gpt2: Path) -> None:  # noqa: F811
     model = engine(tiny_gpt2, FourSlots)
     prompts = payloads(model, greedy_items() + SAMPLED)

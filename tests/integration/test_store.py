@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from worker.store import results as results_module
-from worker.store.results import BatchRecord, ItemOutcome, JobSpec, ResultStore
+from worker.store.results import BatchRecord, ItemOutcome, JobSpec, ResultStore, TokenCount
 
 
 @pytest.fixture
@@ -302,3 +302,49 @@ def test_concurrent_redelivery_counts_each_item_once(store: ResultStore) -> None
     assert sum(inserted) == 200
     assert (status.state, status.done, status.failed) == ("partial", 180, 20)
     assert len(list(store.results(job.job_id))) == 200
+
+
+def generated(job: JobSpec, index: int, tokens: int) -> ItemOutcome:
+    output = {"text": "x" * tokens, "tokens": tokens, "finish_reason": "length"}
+    return ItemOutcome(job.job_id, index, None, output=output, tokens=tokens)
+
+
+def test_a_job_that_generates_nothing_has_no_token_count(store: ResultStore) -> None:
+    job = new_job(total=2)
+    write(store, job, [ok(job, 0)])
+
+    status = store.status(job.job_id)
+    assert status is not None
+    assert (status.generated_tokens, status.running_tokens) == (None, None)
+
+
+def test_generated_tokens_count_running_and_stored_items(store: ResultStore) -> None:
+    job = new_job(total=3, model="gpt2")
+    store.create_job(job)
+    store.record_tokens([TokenCount(job.job_id, 0, 5), TokenCount(job.job_id, 1, 2)])
+    store.record_tokens([TokenCount(job.job_id, 0, 9)])  # a later report replaces the earlier one
+    assert _tokens(store, job) == (11, 11)
+
+    write(store, job, [generated(job, 0, 12)])
+    assert _tokens(store, job) == (14, 2)
+
+    # The item's run reports after its result (a late or a redelivered run): the stored count stays.
+    store.record_tokens([TokenCount(job.job_id, 0, 3)])
+    write(store, job, [generated(job, 0, 40)])
+    assert _tokens(store, job) == (14, 2)
+
+
+def test_a_finished_job_counts_only_its_stored_tokens(store: ResultStore) -> None:
+    job = new_job(total=2, model="gpt2")
+    store.record_tokens([TokenCount(job.job_id, 1, 7)])  # a run that crashed before storing item 1
+    write(store, job, [generated(job, 0, 4), err(job, 1)])
+
+    status = store.status(job.job_id)
+    assert status is not None and status.state == "partial"
+    assert (status.generated_tokens, status.running_tokens) == (4, 0)
+
+
+def _tokens(store: ResultStore, job: JobSpec) -> tuple[int | None, int | None]:
+    status = store.status(job.job_id)
+    assert status is not None
+    return status.generated_tokens, status.running_tokens

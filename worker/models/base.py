@@ -104,6 +104,7 @@ class Finished:
     key: Any
     output: Any = None
     error: str | None = None
+    tokens: int | None = None  # tokens generated, when it generated any
 
 
 class StepModel(Model):
@@ -132,6 +133,10 @@ class StepModel(Model):
     def running(self) -> int:
         """Sequences admitted and not yet finished (including preempted ones waiting to resume)."""
         raise NotImplementedError
+
+    def progress(self) -> list[tuple[Any, int]]:
+        """(key, tokens generated so far) of each running sequence, for ``batchwork status``."""
+        return []
 
     def forward(self, payloads: Sequence[Any]) -> Sequence[Any]:
         raise TypeError(f"{type(self).__name__} runs step by step; the engine drives it with admit/step")

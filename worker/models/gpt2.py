@@ -152,6 +152,9 @@ class GPT2(StepModel):
     def running(self) -> int:
         return 0 if self._scheduler is None else self._scheduler.running()
 
+    def progress(self) -> list[tuple[Any, int]]:
+        return [] if self._scheduler is None else self._scheduler.progress()
+
     def step(self) -> list[Finished]:
         return [self._finished(generation) for generation in self.advance()]
 
@@ -199,7 +202,7 @@ class GPT2(StepModel):
         text_ids = ids[:-1] if generation.finish_reason == "eos" else ids
         text = _loaded(self._decoder, "step").decode(list(text_ids), skip_special_tokens=True)
         output = {"text": text, "tokens": len(ids), "finish_reason": generation.finish_reason}
-        return Finished(generation.key, output)
+        return Finished(generation.key, output, tokens=len(ids))
 
     # -- whole runs, for benchmarks: the same engine batched three ways ------------------------
 

@@ -67,6 +67,11 @@ class SequenceScheduler:
     def running(self) -> int:
         return len(self._running) + len(self._waiting) + len(self._rejected)
 
+    def progress(self) -> list[tuple[Any, int]]:
+        """(key, tokens generated) of every admitted sequence that has not left; a preempted one keeps
+        its tokens (only its cache is recomputed)."""
+        return [(seq.key, len(seq.generated)) for seq in (*self._running, *self._waiting)]
+
     def can_admit(self, length: int) -> bool:
         """Room for a sequence that may need ``length`` KV tokens (prompt + max_new_tokens)?
 

@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from worker.calls import InferCall
-from worker.store.results import BatchRecord, ItemOutcome, JobSpec
+from worker.store.results import BatchRecord, ItemOutcome, JobSpec, TokenCount
 
 
 class Message(Protocol):
@@ -70,12 +70,14 @@ class Slot:
 
 @dataclass
 class Write:
-    """Outcomes for the store thread: ``deliveries[i]`` owes ``outcomes[i]``."""
+    """Outcomes for the store thread: ``deliveries[i]`` owes ``outcomes[i]``. Or, alone, running items'
+    token counts (``tokens``): a progress report, which acknowledges nothing."""
 
     record: BatchRecord | None
     outcomes: list[ItemOutcome] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
     degraded: bool = False  # outputs replaced by errors after the database refused them
+    tokens: list[TokenCount] = field(default_factory=list)
 
     def add(self, outcome: ItemOutcome, delivery: Delivery) -> None:
         self.outcomes.append(outcome)

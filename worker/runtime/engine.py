@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from worker.batching.backoff import SizeLimit
 from worker.batching.policy import LanePolicy, ModelKnobs, lane_policy
@@ -27,11 +28,18 @@ from worker.runtime.deliveries import Acks, Delivery, Holdings, Message, Slot, T
 from worker.runtime.runner import Report, describe, run_batch
 from worker.runtime.storing import Storer
 from worker.settings import Batching, Settings
-from worker.store.results import BatchRecord, ItemOutcome, ResultStore
+from worker.store.results import BatchRecord, ItemOutcome, ResultStore, TokenCount
 
 log = logging.getLogger(__name__)
 
 CANCEL_CHECK_S = 1.0
+
+
+class Stepping(NamedTuple):
+    """A model driven step by step, under the name its messages use (a registry name or import path)."""
+
+    name: str
+    model: StepModel
 
 
 class Engine:
@@ -64,6 +72,7 @@ class Engine:
         self._limits: dict[str, SizeLimit] = {}
         self._cancelled: set[str] = set()
         self._cancelled_checked = float("-inf")
+        self._tokens_reported: dict[str, tuple[float, dict[tuple[str, int], int]]] = {}
         self._stopping = False
         self._finish_waiting = False
         self._threads = [
@@ -220,7 +229,7 @@ class Engine:
                 except Exception:  # the runner isolates model errors; this is a bug of ours
                     log.exception("running %s failed", unit)
 
-    def _next_work(self) -> list[Batch | StepModel] | None:
+    def _next_work(self) -> list[Batch | Stepping] | None:
         """What to run now: a ready batch, and one step of every continuously batched model with work.
 
         None once stopping and nothing is left to finish.
@@ -230,7 +239,7 @@ class Engine:
                 now = self.clock()
                 if self._stopping and not self._finish_waiting:
                     return None
-                work: list[Batch | StepModel] = [m for m in self._steppers() if self._has_steps(m)]
+                work: list[Batch | Stepping] = [s for s in self._steppers() if self._has_steps(s)]
                 batch = self.scheduler.next_batch(now, flush=self._stopping)
                 if batch is not None:
                     work.insert(0, batch)
@@ -239,20 +248,21 @@ class Engine:
                 deadline = self.scheduler.next_deadline()
                 self._lock.wait(None if deadline is None else max(0.0, deadline - now))
 
-    def _steppers(self) -> list[StepModel]:
-        # list(): the prepare thread may add a model meanwhile; copying the values is atomic.
-        return [model for model in list(self.models.values()) if isinstance(model, StepModel)]
+    def _steppers(self) -> list[Stepping]:
+        # list(): the prepare thread may add a model meanwhile; copying the items is atomic.
+        return [Stepping(n, m) for n, m in list(self.models.items()) if isinstance(m, StepModel)]
 
-    def _has_steps(self, model: StepModel) -> bool:
-        return model.running() > 0 or self.scheduler.waiting_for(model.name) > 0
+    def _has_steps(self, stepping: Stepping) -> bool:
+        return stepping.model.running() > 0 or self.scheduler.waiting_for(stepping.name) > 0
 
-    def _step(self, model: StepModel) -> None:
+    def _step(self, stepping: Stepping) -> None:
         """Continuous batching: admit waiting items while there is room, then advance every sequence."""
         self._refresh_cancelled()
+        name, model = stepping
         write, now = Write(None), self.clock()
         while model.running() < model.max_running:
             with self._lock:
-                item = self.scheduler.admit_next(model.name, now, model.can_admit)
+                item = self.scheduler.admit_next(name, now, model.can_admit)
             if item is None:
                 break
             if not self._dropped(item, write):
@@ -260,12 +270,30 @@ class Engine:
                 model.admit(item, item.ref.payload)
         for finished in model.step():
             item, slot = finished.key, finished.key.ref
-            write.add(
-                ItemOutcome(item.job_id, item.index, slot.item_id, finished.output, finished.error),
-                slot.delivery,
+            outcome = ItemOutcome(
+                item.job_id, item.index, slot.item_id, finished.output, finished.error, finished.tokens
             )
+            write.add(outcome, slot.delivery)
         if write.outcomes:
             self._writes.put(write)
+        self._report_tokens(stepping)
+
+    def _report_tokens(self, stepping: Stepping) -> None:
+        """Every ``tokens_report_s``, the token counts of running sequences that changed since the last one.
+
+        Queued behind the step's results, so a report never reaches the store after its item's result
+        (and the store keeps a final count anyway).
+        """
+        now = self.clock()
+        name, model = stepping
+        reported_at, before = self._tokens_reported.get(name, (float("-inf"), {}))
+        if now - reported_at < self.settings.tokens_report_s:
+            return
+        counts = {(item.job_id, item.index): tokens for item, tokens in model.progress()}
+        self._tokens_reported[name] = (now, counts)
+        changed = [TokenCount(*key, tokens) for key, tokens in counts.items() if before.get(key) != tokens]
+        if changed:
+            self._writes.put(Write(None, tokens=changed))
 
     def _mark_started(self, delivery: Delivery) -> None:
         if not delivery.started:

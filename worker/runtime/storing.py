@@ -56,6 +56,10 @@ class Storer:
         return group, False
 
     def _commit_group(self, group: list[Write]) -> None:
+        reports = [w for w in group if w.tokens]
+        if reports:
+            self._record_tokens(reports)
+            group = [w for w in group if not w.tokens]
         batches = [w for w in group if w.outcomes]
         if len(batches) > 1:
             try:
@@ -68,6 +72,15 @@ class Storer:
                 )
         for write in group:
             self._commit(write)
+
+    def _record_tokens(self, reports: list[Write]) -> None:
+        """Running items' token counts, the newest of each, once; best effort, never retried: the next
+        report (about a second later) says the same and more, and a result must not wait for one."""
+        counts = [count for report in reports for count in report.tokens]
+        try:
+            self.store.record_tokens(counts)
+        except Exception as exc:
+            log.warning("could not record the token counts of %d running items: %s", len(counts), exc)
 
     def _commit(self, write: Write) -> None:
         """Store until it sticks: nothing is acknowledged that is not committed.

@@ -1,4 +1,4 @@
-"""Bulk INSERT ... ON CONFLICT DO NOTHING of job and result rows, in the fastest shape each dialect has.
+"""Bulk INSERT ... ON CONFLICT of job, result and generated-token rows, in the fastest shape each dialect has.
 
 It knows tables and dialects, not job states nor the store's API, and never commits: the caller's
 transaction does.
@@ -44,6 +44,24 @@ def insert_results(
     if not items:
         return []
     return _RESULT_INSERTS[conn.dialect.name](conn, items, batch_id, created_at)
+
+
+def upsert_generated_tokens(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Insert or update token counts (keys job_id, item_index, tokens, final, updated_at); a final count
+    is never changed again, so a late report of the item's run, or a rerun of a redelivered item, cannot
+    move it (results are first-writer-wins too)."""
+    if rows:
+        conn.execute(_TOKEN_UPSERTS[conn.dialect.name], rows)
+
+
+def _token_upsert(dialect: Any) -> Insert:
+    table = tables.generated_tokens
+    stmt = dialect.insert(table)
+    return stmt.on_conflict_do_update(
+        index_elements=_RESULT_KEY,
+        set_={name: stmt.excluded[name] for name in ("tokens", "final", "updated_at")},
+        where=~table.c.final,
+    )
 
 
 def _postgresql_results_statement() -> Insert:
@@ -101,6 +119,7 @@ _SQLITE_RESULTS = (
     .on_conflict_do_nothing(index_elements=_RESULT_KEY)
     .returning(tables.results.c.job_id, tables.results.c.error)
 )
+_TOKEN_UPSERTS = {"postgresql": _token_upsert(postgresql), "sqlite": _token_upsert(sqlite)}
 _RESULT_INSERTS: dict[str, Callable[[Connection, list[dict[str, Any]], int | None, datetime], Inserted]] = {
     "postgresql": _insert_results_postgresql,
     "sqlite": _insert_results_sqlite,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any
@@ -60,6 +60,7 @@ class ItemOutcome:
     item_id: str | None
     output: Any = None
     error: str | None = None
+    tokens: int | None = None  # tokens the model generated for it, for models that generate
 
     def __post_init__(self) -> None:
         if (self.output is None) == (self.error is None):
@@ -88,6 +89,15 @@ BatchWrite = tuple["BatchRecord | None", Sequence["ItemOutcome"], Sequence["JobS
 
 
 @dataclass(frozen=True, slots=True)
+class TokenCount:
+    """Tokens generated so far for one running item (a worker's report; the stored result's is final)."""
+
+    job_id: str
+    index: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class JobStatus:
     job_id: str
     model: str
@@ -100,6 +110,10 @@ class JobStatus:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    # Generation jobs only (None otherwise): tokens generated so far, by stored and by running items, and
+    # of those by the running ones (as last reported; 0 once the job has finished).
+    generated_tokens: int | None = None
+    running_tokens: int | None = None
 
 
 class ResultStore:
@@ -158,13 +172,31 @@ class ResultStore:
             progress = _progress_by_job(inserted_all, now)
             if progress:
                 conn.execute(_PROGRESS, progress)
+            finals = [o for _, outcomes, _ in batches for o in outcomes if o.tokens is not None]
+            bulk.upsert_generated_tokens(conn, _token_rows(finals, final=True, now=now))
         return counts
+
+    def record_tokens(self, counts: Sequence[TokenCount]) -> None:
+        """Store running items' token counts (an item already stored keeps its final count)."""
+        with self.engine.begin() as conn:
+            bulk.upsert_generated_tokens(conn, _token_rows(counts, final=False, now=_utcnow()))
 
     def status(self, job_id: str) -> JobStatus | None:
         """The job's state and counts, or None for a job never created."""
+        tokens = tables.generated_tokens.c
+        running = func.sum(case((tokens.final, 0), else_=tokens.tokens))
+        count_tokens = select(func.count(), func.sum(tokens.tokens), running).where(tokens.job_id == job_id)
         with self.engine.connect() as conn:
             row = conn.execute(select(tables.jobs).where(tables.jobs.c.id == job_id)).one_or_none()
-        return None if row is None else _job_status(row)
+            if row is None:
+                return None
+            items, generated, in_flight = conn.execute(count_tokens).one()
+        job = _job_status(row)
+        if not items:
+            return job
+        if job.state in FINISHED_STATES:  # reports of runs that never stored a result no longer count
+            generated, in_flight = generated - in_flight, 0
+        return replace(job, generated_tokens=generated, running_tokens=in_flight)
 
     def results(self, job_id: str) -> Iterator[ItemOutcome]:
         """The job's stored outcomes ordered by index, fetched a page at a time.
@@ -318,6 +350,23 @@ def _item_rows(outcomes: Sequence[ItemOutcome]) -> list[dict[str, Any]]:
         }
         for outcome in sorted(outcomes, key=attrgetter("job_id", "index"))
     ]
+
+
+def _token_rows(
+    counts: Iterable[ItemOutcome | TokenCount], *, final: bool, now: datetime
+) -> list[dict[str, Any]]:
+    # Sorted for the lock order (see write_batch).
+    rows = {
+        (count.job_id, count.index): {
+            "job_id": count.job_id,
+            "item_index": count.index,
+            "tokens": count.tokens,
+            "final": final,
+            "updated_at": now,
+        }
+        for count in counts
+    }
+    return [rows[key] for key in sorted(rows)]
 
 
 def _progress_by_job(inserted: bulk.Inserted, now: datetime) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
-"""The SQL schema of batchwork: jobs, their per-item results, and the batches that produced them.
+"""The SQL schema of batchwork: jobs, their per-item results, the batches that produced them, and the
+tokens generated per item so far.
 
-Declarations only; migrations/versions/0001 must create exactly this (tests compare the two). Nothing here
+Declarations only; migrations/versions must create exactly this (tests compare the two). Nothing here
 opens a connection.
 """
 
@@ -11,6 +12,7 @@ from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
     Dialect,
     Float,
@@ -121,8 +123,27 @@ class Batch(Base):
     worker: Mapped[str] = mapped_column(String(200))
 
 
+class GeneratedTokens(Base):
+    """Tokens generated for one item of a generation job: while it runs (reported about once a second by
+    the worker running it) and, ``final``, the count of its stored output.
+
+    Its own table, not a column of results: an item has no result row while it runs. Rows are written only
+    for models that generate (StepModels), so an embedding job has none.
+    """
+
+    __tablename__ = "generated_tokens"
+
+    job_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    item_index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    tokens: Mapped[int] = mapped_column(Integer)
+    # Set with the item's result: the count is then its output's, and no later report changes it.
+    final: Mapped[bool] = mapped_column(Boolean)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
 metadata = Base.metadata
 # The store writes with Core statements (bulk, dialect-specific ON CONFLICT), so it wants the Tables.
 jobs = cast(Table, Job.__table__)
 results = cast(Table, Result.__table__)
 batches = cast(Table, Batch.__table__)
+generated_tokens = cast(Table, GeneratedTokens.__table__)
