@@ -1,4 +1,5 @@
-"""Continuous vs static vs one-at-a-time batching of one GPT2 engine, under steady arrivals, on wall time.
+"""Continuous vs static vs one-at-a-time batching of one GPT2 engine, and static batching as a server
+calling transformers' generate does it, under steady arrivals, on wall time.
 
 It drives ``worker.models.gpt2.GPT2`` directly (no Celery) on a random-weight GPT-2 checkpoint it builds in
 a temp dir (reused by later runs), and prints tokens/s, request latency and a step-cost table explaining
@@ -19,12 +20,14 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from worker.models.gpt2 import GPT2, PAGE_TOKENS
 from worker.models.gpt2_cache import pages_for
 from worker.models.gpt2_inputs import Prompt
+from worker.models.gpt2_network import length_groups
 from worker.settings import Settings
 
 PROMPT_TOKENS = (5, 40)
@@ -61,8 +64,8 @@ class Arrival:
 @dataclass
 class Run:
     """One policy's outcome: per request its finish offset and tokens; per step its batch, wall time and
-    the cache it read (``kv_read``: every decoding row padded to the longest, as GPT2Network.decode
-    gathers it; ``kv_used``: the rows' own lengths)."""
+    the cache it read (``kv_read``: each decoding row padded to the longest of its length group, as
+    GPT2Network.decode gathers it; ``kv_used``: the rows' own lengths)."""
 
     policy: str
     admit_s: dict[int, float] = field(default_factory=dict)
@@ -86,9 +89,12 @@ class Run:
     def step(self, engine: GPT2, started: float) -> None:
         # Context lengths follow from the step count alone since no policy here is ever preempted
         # (the KV budget holds every slot's worst case; the output prints the preemption count).
-        contexts = self._decoding.values()
+        contexts = list(self._decoding.values())
         if contexts:
-            self.kv_read += len(contexts) * max(contexts)
+            # As GPT2Network.decode reads them: each row padded to the longest of its length group.
+            for group in length_groups([tokens - 1 for tokens in contexts]):
+                rows = contexts if group is None else [contexts[row] for row in group]
+                self.kv_read += len(rows) * max(rows)
             self.kv_used += sum(contexts)
         self.step_batches.append(engine.running())
         before = time.monotonic()
@@ -221,19 +227,92 @@ def run_continuous(engine: GPT2, arrivals: Sequence[Arrival]) -> Run:
     return run
 
 
-def run_static(engine: GPT2, arrivals: Sequence[Arrival], batch_size: int, policy: str) -> Run:
+def run_generate_static(checkpoint: Path, arrivals: Sequence[Arrival], batch_size: int) -> Run:
+    """Static batching as a server does it that hands each batch to transformers' ``generate`` (Ray
+    Serve's @serve.batch, TorchServe or Triton's dynamic batcher in front of it): when free, take what has
+    arrived (up to ``batch_size``), left-pad it, and generate to the batch's largest max_new_tokens, every
+    row computed until then; each request keeps its own first max_new_tokens and is answered when the
+    batch returns. Unlike ``run_static`` a finished row keeps its place in the batch."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(str(checkpoint), local_files_only=True).eval()
+    pad = model.config.eos_token_id
+    with torch.inference_mode():
+        generate_batch(model, arrivals[:batch_size], pad)  # warm-up, untimed
+    run, queued = Run("static, generate"), deque(arrivals)
+    started = time.monotonic()
+    while queued:
+        wait_until(started, queued[0].arrival_s)
+        now = time.monotonic() - started
+        batch: list[Arrival] = []
+        while queued and len(batch) < batch_size and queued[0].arrival_s <= now:
+            batch.append(queued.popleft())
+            run.admit_s[batch[-1].index] = now
+        before = time.monotonic()
+        with torch.inference_mode():
+            generated = generate_batch(model, batch, pad)
+        elapsed, finished = time.monotonic() - before, time.monotonic() - started
+        steps = max(arrival.prompt.max_new_tokens for arrival in batch)
+        run.step_batches += [len(batch)] * steps
+        run.step_s += [elapsed / steps] * steps
+        for arrival, tokens in zip(batch, generated, strict=True):
+            run.finish_s[arrival.index] = finished
+            run.tokens[arrival.index] = tokens[: arrival.prompt.max_new_tokens]
+            run.reasons[arrival.index] = "length"
+    return run
+
+
+def generate_batch(model: Any, batch: Sequence[Arrival], pad: int) -> list[tuple[int, ...]]:
+    """transformers' greedy generate over the batch's prompts, left-padded: each row's new token ids."""
+    import torch
+
+    longest = max(len(arrival.prompt.token_ids) for arrival in batch)
+    rows = [(longest - len(a.prompt.token_ids), a.prompt.token_ids) for a in batch]
+    ids = torch.tensor([[pad] * padding + list(tokens) for padding, tokens in rows])
+    mask = torch.tensor([[0] * padding + [1] * len(tokens) for padding, tokens in rows])
+    steps = max(arrival.prompt.max_new_tokens for arrival in batch)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        pad_token_id=pad,
+    )
+    return [tuple(row[longest:].tolist()) for row in out]
+
+
+def run_static(
+    engine: GPT2, arrivals: Sequence[Arrival], batch_size: int, policy: str, *, fixed: bool = False
+) -> Run:
     """When the engine is free, take what has arrived (up to ``batch_size``; else wait for the next
-    arrival) and run that batch to its end with no admissions; ``batch_size=1`` is one at a time."""
+    arrival) and run that batch to its end with no admissions; ``batch_size=1`` is one at a time.
+
+    A finished row leaves the batch and costs nothing more; with ``fixed`` it keeps its place, as in a
+    fixed-shape batch tensor (generate's): every row runs to the batch's largest max_new_tokens, keeps
+    its own first max_new_tokens, and is answered when the batch ends.
+    """
     run, queued, preempted = Run(policy), deque(arrivals), engine.preemptions
     started = time.monotonic()
     while queued:
         wait_until(started, queued[0].arrival_s)
-        now, batch = time.monotonic() - started, 0
-        while queued and batch < batch_size and queued[0].arrival_s <= now:
-            run.admit(engine, queued.popleft(), started)
-            batch += 1
+        now, batch = time.monotonic() - started, []
+        while queued and len(batch) < batch_size and queued[0].arrival_s <= now:
+            batch.append(queued.popleft())
+        steps = max(arrival.prompt.max_new_tokens for arrival in batch)
+        for arrival in batch:
+            run.admit(
+                engine,
+                replace(arrival, prompt=replace(arrival.prompt, max_new_tokens=steps)) if fixed else arrival,
+                started,
+            )
         while engine.running():
             run.step(engine, started)
+        if fixed:
+            for arrival in batch:
+                run.finish_s[arrival.index] = time.monotonic() - started
+                run.tokens[arrival.index] = run.tokens[arrival.index][: arrival.prompt.max_new_tokens]
     run.preemptions = engine.preemptions - preempted
     return run
 
@@ -334,27 +413,31 @@ def print_runs(runs: Sequence[Run], arrivals: Sequence[Arrival]) -> None:
             len(run.step_s),
             f"{statistics.fmean(run.step_batches):.1f}",
             f"{statistics.fmean(run.step_s) * 1e3:.2f}",
-            f"{run.kv_read / len(run.step_s):.0f}",
-            f"{1 - run.kv_used / run.kv_read:.0%}",
+            f"{run.kv_read / len(run.step_s):.0f}" if run.kv_read else "-",
+            f"{1 - run.kv_used / run.kv_read:.0%}" if run.kv_read else "-",
         ]
         print("".join(f"{c!s:>{w}}" for c, w in zip(cells, widths, strict=True)))
     print(
         "(batch: mean running sequences per step; step ms: mean wall time of one engine.advance(); KV/step: "
-        "cached tokens a decode step gathers, every row padded to the longest; padding: the share of those "
-        "that are padding)"
+        "cached tokens a decode step gathers, each row padded to the longest of its length group; padding: "
+        "the share of those that are padding)"
     )
 
 
-def print_ratios(continuous: Run, static: Run, arrivals: Sequence[Arrival]) -> float:
-    throughput = (continuous.generated() / continuous.makespan_s()) / (
-        static.generated() / static.makespan_s()
-    )
-    p99 = percentile(continuous.latencies_s(arrivals), 99) / percentile(static.latencies_s(arrivals), 99)
+def print_ratios(continuous: Run, statics: Sequence[Run], arrivals: Sequence[Arrival]) -> None:
+    print()
+    for static in statics:
+        throughput = continuous.tokens_per_s() / static.tokens_per_s()
+        p99 = percentile(continuous.latencies_s(arrivals), 99) / percentile(static.latencies_s(arrivals), 99)
+        print(
+            f"continuous / {static.policy}: tokens/s {throughput:.2f}x (target >= 2x: "
+            f"{_verdict(throughput >= 2)}), p99 latency {p99:.2f}x (target < 1x: {_verdict(p99 < 1)})"
+        )
     print(
-        f"\ncontinuous / static: tokens/s {throughput:.2f}x (target >= 2x: {_verdict(throughput >= 2)}), "
-        f"p99 latency {p99:.2f}x (target < 1x: {_verdict(p99 < 1)})"
+        "(static: finished rows leave the batch, none join; static, fixed: our engine, every row computed to "
+        "the batch's longest, as in a fixed-shape batch; static, generate: transformers' generate per batch, "
+        "the same way)"
     )
-    return throughput
 
 
 def _verdict(met: bool) -> str:
@@ -411,9 +494,10 @@ def print_why(runs: Sequence[Run], arrivals: Sequence[Arrival], costs: Sequence[
     print(
         f"  cache: at batch {full.batch} a step costs {full.short_s * 1e3:.1f} ms short, "
         f"{full.long_s * 1e3:.1f} ms long, {full.mixed_s * 1e3:.1f} ms with one long among short: "
-        f"GPT2Network.decode gathers every row's pages padded to the longest row, so a step costs about "
-        f"batch x longest context; continuous batching keeps long and short sequences side by side and pays "
-        f"for that padding, which static batches (whose members start together) mostly avoid"
+        f"GPT2Network.decode gathers each row's pages padded to the longest of its length group (contexts "
+        f"within 2x), so attention costs about the cached tokens read; every policy generates the same "
+        f"tokens from the same contexts, so this work is the same for all but the padding, which continuous "
+        f"batches (long and short side by side) pay more of than static ones (whose members start together)"
     )
     print_latency_why(continuous, static, arrivals)
 
@@ -565,9 +649,13 @@ def main() -> None:
         run_static(engine, arrivals, args.max_batch, "static"),
         run_static(engine, arrivals, 1, "one at a time"),
     ]
-    print_runs(runs, arrivals)
-    print_ratios(runs[0], runs[1], arrivals)
-    print_agreement(runs, arrivals)
+    fixed = run_static(engine, arrivals, args.max_batch, "static, fixed", fixed=True)
+    generate = run_generate_static(checkpoint, arrivals, args.max_batch)
+    print_runs([*runs, fixed, generate], arrivals)
+    print_ratios(runs[0], [runs[1], fixed, generate], arrivals)
+    print_agreement([*runs, fixed], arrivals)
+    same = sum(generate.tokens[a.index] == runs[0].tokens[a.index] for a in arrivals)
+    print(f"transformers' generate over left-padded batches gave the same ids for {same}/{len(arrivals)}")
     print_why(runs, arrivals, costs)
     if args.sweep:
         print_sweep(engine, prompts, [float(load) for load in args.sweep.split(",")], costs)

@@ -149,7 +149,7 @@ class GPT2Network:
         rows = torch.arange(len(tokens), device=self.device)
         table = self._page_table(pages)
         page_ids, offsets = self._slots(table, rows, at)
-        groups = [self._decode_group(index, positions, at, table) for index in _length_groups(positions)]
+        groups = [self._decode_group(index, positions, at, table) for index in length_groups(positions)]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.pool.write(layer, page_ids, offsets, k[:, :, 0], v[:, :, 0])
@@ -249,7 +249,7 @@ def _block(take: Take, prefix: str) -> Block:
     )
 
 
-def _length_groups(positions: list[int]) -> list[list[int] | None]:
+def length_groups(positions: list[int]) -> list[list[int] | None]:
     """Rows split so that contexts within a group are within 2x of each other; [None] for one group."""
     order = sorted(range(len(positions)), key=positions.__getitem__)
     groups: list[list[int]] = []
