@@ -281,8 +281,9 @@ class Engine:
     def _report_tokens(self, stepping: Stepping) -> None:
         """Every ``tokens_report_s``, the token counts of running sequences that changed since the last one.
 
-        Queued behind the step's results, so a report never reaches the store after its item's result
-        (and the store keeps a final count anyway).
+        A report names only sequences still running and is queued behind the results of earlier steps;
+        one that reaches the store after its item's result anyway (a redelivered item run twice) cannot
+        change the count stored with the result.
         """
         now = self.clock()
         name, model = stepping
