@@ -302,11 +302,9 @@ def run_static(
             batch.append(queued.popleft())
         steps = max(arrival.prompt.max_new_tokens for arrival in batch)
         for arrival in batch:
-            run.admit(
-                engine,
-                replace(arrival, prompt=replace(arrival.prompt, max_new_tokens=steps)) if fixed else arrival,
-                started,
-            )
+            # Fixed: each row asks for the batch's longest, so none leaves before the batch ends.
+            longest = replace(arrival.prompt, max_new_tokens=steps)
+            run.admit(engine, replace(arrival, prompt=longest) if fixed else arrival, started)
         while engine.running():
             run.step(engine, started)
         if fixed:
