@@ -227,6 +227,16 @@ def run_continuous(engine: GPT2, arrivals: Sequence[Arrival]) -> Run:
     return run
 
 
+def next_static_batch(queued: deque[Arrival], batch_size: int, started: float) -> tuple[float, list[Arrival]]:
+    """A static batcher's next batch, once it is free: what has arrived (at least the next arrival,
+    waited for), up to ``batch_size``; and the offset it was taken at."""
+    wait_until(started, queued[0].arrival_s)
+    now, batch = time.monotonic() - started, []
+    while queued and len(batch) < batch_size and queued[0].arrival_s <= now:
+        batch.append(queued.popleft())
+    return now, batch
+
+
 def run_generate_static(checkpoint: Path, arrivals: Sequence[Arrival], batch_size: int) -> Run:
     """Static batching as a server does it that hands each batch to transformers' ``generate`` (Ray
     Serve's @serve.batch, TorchServe or Triton's dynamic batcher in front of it): when free, take what has
@@ -239,21 +249,17 @@ def run_generate_static(checkpoint: Path, arrivals: Sequence[Arrival], batch_siz
     model = GPT2LMHeadModel.from_pretrained(str(checkpoint), local_files_only=True).eval()
     pad = model.config.eos_token_id
     with torch.inference_mode():
-        generate_batch(model, arrivals[:batch_size], pad)  # warm-up, untimed
+        generate_batch(model, arrivals[:batch_size], 8, pad)  # warm-up, untimed
     run, queued = Run("static, generate"), deque(arrivals)
     started = time.monotonic()
     while queued:
-        wait_until(started, queued[0].arrival_s)
-        now = time.monotonic() - started
-        batch: list[Arrival] = []
-        while queued and len(batch) < batch_size and queued[0].arrival_s <= now:
-            batch.append(queued.popleft())
-            run.admit_s[batch[-1].index] = now
+        now, batch = next_static_batch(queued, batch_size, started)
+        run.admit_s.update((arrival.index, now) for arrival in batch)
+        steps = max(arrival.prompt.max_new_tokens for arrival in batch)
         before = time.monotonic()
         with torch.inference_mode():
-            generated = generate_batch(model, batch, pad)
+            generated = generate_batch(model, batch, steps, pad)
         elapsed, finished = time.monotonic() - before, time.monotonic() - started
-        steps = max(arrival.prompt.max_new_tokens for arrival in batch)
         run.step_batches += [len(batch)] * steps
         run.step_s += [elapsed / steps] * steps
         for arrival, tokens in zip(batch, generated, strict=True):
@@ -263,15 +269,15 @@ def run_generate_static(checkpoint: Path, arrivals: Sequence[Arrival], batch_siz
     return run
 
 
-def generate_batch(model: Any, batch: Sequence[Arrival], pad: int) -> list[tuple[int, ...]]:
-    """transformers' greedy generate over the batch's prompts, left-padded: each row's new token ids."""
+def generate_batch(model: Any, batch: Sequence[Arrival], steps: int, pad: int) -> list[tuple[int, ...]]:
+    """transformers' greedy generate of ``steps`` tokens for each of the batch's prompts, left-padded:
+    each row's new token ids."""
     import torch
 
     longest = max(len(arrival.prompt.token_ids) for arrival in batch)
     rows = [(longest - len(a.prompt.token_ids), a.prompt.token_ids) for a in batch]
     ids = torch.tensor([[pad] * padding + list(tokens) for padding, tokens in rows])
     mask = torch.tensor([[0] * padding + [1] * len(tokens) for padding, tokens in rows])
-    steps = max(arrival.prompt.max_new_tokens for arrival in batch)
     out = model.generate(
         ids,
         attention_mask=mask,
@@ -296,10 +302,7 @@ def run_static(
     run, queued, preempted = Run(policy), deque(arrivals), engine.preemptions
     started = time.monotonic()
     while queued:
-        wait_until(started, queued[0].arrival_s)
-        now, batch = time.monotonic() - started, []
-        while queued and len(batch) < batch_size and queued[0].arrival_s <= now:
-            batch.append(queued.popleft())
+        _, batch = next_static_batch(queued, batch_size, started)
         steps = max(arrival.prompt.max_new_tokens for arrival in batch)
         for arrival in batch:
             # Fixed: each row asks for the batch's longest, so none leaves before the batch ends.

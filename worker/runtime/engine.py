@@ -72,7 +72,7 @@ class Engine:
         self._limits: dict[str, SizeLimit] = {}
         self._cancelled: set[str] = set()
         self._cancelled_checked = float("-inf")
-        self._tokens_reported: dict[str, tuple[float, dict[tuple[str, int], int]]] = {}
+        self._tokens_reported: dict[str, float] = {}  # model name -> when its token counts were last sent
         self._stopping = False
         self._finish_waiting = False
         self._threads = [
@@ -279,7 +279,8 @@ class Engine:
         self._report_tokens(stepping)
 
     def _report_tokens(self, stepping: Stepping) -> None:
-        """Every ``tokens_report_s``, the token counts of running sequences that changed since the last one.
+        """Every ``tokens_report_s``, the token counts of the running sequences (all of them: a running
+        sequence gains a token every step, so nearly every count has changed since the last report).
 
         A report names only sequences still running and is queued behind the results of earlier steps;
         one that reaches the store after its item's result anyway (a redelivered item run twice) cannot
@@ -287,14 +288,12 @@ class Engine:
         """
         now = self.clock()
         name, model = stepping
-        reported_at, before = self._tokens_reported.get(name, (float("-inf"), {}))
-        if now - reported_at < self.settings.tokens_report_s:
+        if now - self._tokens_reported.get(name, float("-inf")) < self.settings.tokens_report_s:
             return
-        counts = {(item.job_id, item.index): tokens for item, tokens in model.progress()}
-        self._tokens_reported[name] = (now, counts)
-        changed = [TokenCount(*key, tokens) for key, tokens in counts.items() if before.get(key) != tokens]
-        if changed:
-            self._writes.put(Write(None, tokens=changed))
+        self._tokens_reported[name] = now
+        counts = [TokenCount(item.job_id, item.index, tokens) for item, tokens in model.progress()]
+        if counts:
+            self._writes.put(Write(None, tokens=counts))
 
     def _mark_started(self, delivery: Delivery) -> None:
         if not delivery.started:
