@@ -1,21 +1,33 @@
-"""What one `batchwork.infer` message asks for, checked the same way by producers and workers.
+"""What one `batchwork.infer` call or message asks for, and the checks every item passes.
 
-Producers refuse a bad call before anything is enqueued; the worker checks again (a raw Celery
-call can skip the producer) and turns what fails into stored errors. No Celery or torch here.
+Producers check a call's arguments and every item before anything is enqueued; the worker checks each
+message it receives once more (a raw Celery call can skip the producer) and turns what fails into stored
+errors. Every value a caller or a message carries is bounded here, before it can reach the store. No Celery,
+Redis, SQL or torch here.
 """
 
 from __future__ import annotations
 
+import math
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from worker.models.base import InvalidInput
-from worker.models.registry import model_class
+from worker.models.base import InvalidInput, Model
+from worker.models.registry import model_class, shown
 from worker.settings import PRIORITIES, Settings
 
 TASK_NAME = "batchwork.infer"
+# The longest user id an item may carry (results.item_id).
+MAX_ITEM_ID_CHARS = 200
+# What a caller passes to infer.delay / client.submit.
+CALL_ARGUMENTS = ("model", "inputs", "priority", "deadline_s")
+# What a message carries: the call, plus which job its items belong to and where they sit in it.
+MESSAGE_ARGUMENTS = ("model", "inputs", "priority", "job_id", "offset", "total", "expires_at", "created_at")
+# Row numbers are 32-bit integers in SQL; no count or index may pass this.
+MAX_COUNT = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,69 +41,181 @@ class InferCall:
     offset: int = 0
     total: int = 0
     expires_at: float | None = None  # Unix time after which items not yet started end as expired
+    created_at: float | None = None  # Unix time the producer accepted the job
 
-    def kwargs(self) -> dict[str, Any]:
-        kwargs = {
+    def fields(self) -> dict[str, Any]:
+        """The message's keyword arguments but the inputs."""
+        fields = {
             "model": self.model,
-            "inputs": list(self.inputs),
             "priority": self.priority,
             "job_id": self.job_id,
             "offset": self.offset,
             "total": self.total,
         }
         if self.expires_at is not None:
-            kwargs["expires_at"] = self.expires_at
-        return kwargs
+            fields["expires_at"] = self.expires_at
+        if self.created_at is not None:
+            fields["created_at"] = self.created_at
+        return fields
+
+    def kwargs(self) -> dict[str, Any]:
+        return {**self.fields(), "inputs": list(self.inputs)}
+
+    def chunk(self, offset: int, size: int) -> InferCall:
+        """The message carrying items ``offset .. offset+size-1`` of this call's job."""
+        return InferCall(
+            self.job_id,
+            self.model,
+            self.inputs[offset : offset + size],
+            self.priority,
+            offset,
+            self.total,
+            self.expires_at,
+            self.created_at,
+        )
 
 
-def parse_call(job_id: str, kwargs: Mapping[str, Any], settings: Settings) -> InferCall:
-    """The call a message carries; InvalidInput for anything but the items themselves."""
-    unknown = set(kwargs) - {"model", "inputs", "priority", "job_id", "offset", "total", "expires_at"}
-    if unknown:
-        raise InvalidInput(f"unknown argument(s): {', '.join(sorted(unknown))}")
-    model = kwargs.get("model")
-    if not isinstance(model, str):
-        raise InvalidInput("argument 'model' must be a model name")
-    model_class(model)
-    inputs = kwargs.get("inputs")
-    if not isinstance(inputs, list):
-        raise InvalidInput("argument 'inputs' must be a list")
-    if not inputs:
-        raise InvalidInput("argument 'inputs' is empty")
-    priority = kwargs.get("priority") or "normal"
-    if priority not in PRIORITIES:
-        raise InvalidInput(f"argument 'priority' must be one of {', '.join(PRIORITIES)}, not {priority!r}")
+def new_call(job_id: str, kwargs: Mapping[str, Any], settings: Settings) -> InferCall:
+    """A producer's call (``model``, ``inputs``, ``priority``, ``deadline_s``) as job ``job_id``; the items
+    themselves are checked by ``check_items``. InvalidInput names the argument at fault."""
+    _refuse_unknown(kwargs, CALL_ARGUMENTS)
+    model = _model(kwargs.get("model"), settings)
+    inputs = _inputs(kwargs.get("inputs"), settings)
+    return InferCall(
+        job_id=job_id,
+        model=model,
+        inputs=inputs,
+        priority=_priority(kwargs.get("priority")),
+        total=len(inputs),
+        expires_at=expiry(kwargs.get("deadline_s")),
+        created_at=time.time(),
+    )
+
+
+def parse_message(task_id: str, kwargs: object, settings: Settings) -> InferCall:
+    """The call a received message carries; InvalidInput for anything wrong but the items themselves."""
+    if not isinstance(kwargs, dict):
+        raise InvalidInput("the message's keyword arguments are not an object")
+    _refuse_unknown(kwargs, MESSAGE_ARGUMENTS)
+    model = _model(kwargs.get("model"), settings)
+    inputs = _inputs(kwargs.get("inputs"), settings)
     offset = _count(kwargs.get("offset", 0), "offset")
-    total = _count(kwargs.get("total") or offset + len(inputs), "total")
+    total = _count(kwargs.get("total", offset + len(inputs)), "total")
     if total > settings.max_items_per_job:
         raise InvalidInput(f"a job holds at most {settings.max_items_per_job} items, this one {total}")
     if offset + len(inputs) > total:
         raise InvalidInput(
             f"items {offset}..{offset + len(inputs) - 1} lie beyond the job's total of {total}"
         )
-    expires_at = kwargs.get("expires_at")
-    if expires_at is not None and (not isinstance(expires_at, int | float) or isinstance(expires_at, bool)):
-        raise InvalidInput("argument 'expires_at' must be a Unix time in seconds")
-    return InferCall(str(kwargs.get("job_id") or job_id), model, inputs, priority, offset, total, expires_at)
-
-
-def expiry(deadline_s: float | None) -> float | None:
-    """The Unix time ``deadline_s`` from now, for a job that must not start items later than that."""
-    if deadline_s is None:
-        return None
-    if not isinstance(deadline_s, int | float) or isinstance(deadline_s, bool) or deadline_s <= 0:
-        raise InvalidInput("argument 'deadline_s' must be a positive number of seconds")
-    return time.time() + deadline_s
+    return InferCall(
+        job_id=job_id_of(kwargs.get("job_id", task_id), "job_id" if "job_id" in kwargs else "the task id"),
+        model=model,
+        inputs=inputs,
+        priority=_priority(kwargs.get("priority")),
+        offset=offset,
+        total=total,
+        expires_at=_unix_time(kwargs.get("expires_at"), "expires_at"),
+        created_at=_unix_time(kwargs.get("created_at"), "created_at"),
+    )
 
 
 def check_items(call: InferCall, settings: Settings) -> None:
     """Raise InvalidInput naming the first item the model cannot take (producer side)."""
-    validate = model_class(call.model).validate
+    cls = model_class(call.model, settings)
     for position, item in enumerate(call.inputs):
-        validate(call.offset + position, item, settings.max_input_chars)
+        check_item(cls, call.offset + position, item, settings)
+
+
+def check_item(cls: type[Model], index: int, item: object, settings: Settings) -> tuple[Any, str | None]:
+    """One item's checked form (what the model's ``prepare`` takes) and its user id, or InvalidInput."""
+    try:
+        checked = cls.validate(index, item, settings)
+    except InvalidInput:
+        raise
+    except Exception as exc:  # a user model's check that breaks is its item's error, not the worker's
+        raise InvalidInput(f"the model's check failed: {type(exc).__name__}: {exc}", index) from exc
+    return checked, item_id(index, item)
+
+
+def item_id(index: int, item: object) -> str | None:
+    """The user's own id of an item (``{"id": ...}``), carried to the results: a string or an integer."""
+    if not isinstance(item, dict) or item.get("id") is None:
+        return None
+    ident = item["id"]
+    if isinstance(ident, bool) or not isinstance(ident, str | int):
+        raise InvalidInput("field 'id' must be a string or an integer", index)
+    ident = str(ident)
+    if len(ident) > MAX_ITEM_ID_CHARS:
+        raise InvalidInput(
+            f"field 'id' has {len(ident)} characters, over the limit of {MAX_ITEM_ID_CHARS}", index
+        )
+    return ident
+
+
+def job_id_of(value: object, name: str = "job_id") -> str:
+    """A job id as batchwork makes them: a UUID in its canonical form (36 characters, lower case)."""
+    if isinstance(value, str) and len(value) == 36:
+        try:
+            if str(uuid.UUID(value)) == value:
+                return value
+        except ValueError:
+            pass
+    raise InvalidInput(f"{name} must be a UUID like {uuid.UUID(int=0)}, not {shown(value)}")
+
+
+def expiry(deadline_s: object) -> float | None:
+    """The Unix time ``deadline_s`` from now, for a job that must not start items later than that."""
+    if deadline_s is None:
+        return None
+    if not _is_number(deadline_s) or not 0 < deadline_s < 10 * 365 * 86400:  # type: ignore[operator]
+        raise InvalidInput("argument 'deadline_s' must be a positive number of seconds (at most ten years)")
+    return time.time() + float(deadline_s)  # type: ignore[arg-type]
+
+
+def _refuse_unknown(kwargs: Mapping[str, Any], known: Sequence[str]) -> None:
+    unknown = [name for name in kwargs if name not in known]
+    if unknown:
+        names = ", ".join(shown(name, 40) for name in sorted(map(str, unknown))[:5])
+        raise InvalidInput(f"unknown argument(s) {names}: expected {', '.join(known)}")
+
+
+def _model(value: object, settings: Settings) -> str:
+    model_class(value, settings)  # refuses anything not served here, before importing it
+    return str(value)
+
+
+def _inputs(value: object, settings: Settings) -> list[Any]:
+    # A string is not a list of inputs: it would become one item per character.
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, list | tuple):
+        raise InvalidInput("argument 'inputs' must be a list of items (a single text goes in a list: [text])")
+    if not value:
+        raise InvalidInput("argument 'inputs' is empty")
+    if len(value) > settings.max_items_per_job:
+        raise InvalidInput(f"a job holds at most {settings.max_items_per_job} items, this one {len(value)}")
+    return list(value)
+
+
+def _priority(value: object) -> str:
+    if value is None:
+        return "normal"
+    if value not in PRIORITIES:
+        raise InvalidInput(f"argument 'priority' must be one of {', '.join(PRIORITIES)}, not {shown(value)}")
+    return str(value)
 
 
 def _count(value: object, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidInput(f"argument '{name}' must be a non-negative integer")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
+        raise InvalidInput(f"argument '{name}' must be a non-negative integer, not {shown(value)}")
     return value
+
+
+def _unix_time(value: object, name: str) -> float | None:
+    if value is None:
+        return None
+    if not _is_number(value):
+        raise InvalidInput(f"argument '{name}' must be a Unix time in seconds, not {shown(value)}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

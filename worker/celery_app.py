@@ -1,36 +1,37 @@
 """The one Celery app: ``celery -A worker.celery_app worker|flower|inspect``.
 
-JSON only, results in SQL (no result backend), one queue per priority consumed in priority
-order, and the batching engine attached to every worker's consumer.
+JSON only; on Redis, batchwork's own transport (worker.broker.transport: many messages per round trip,
+held with leases); one queue per priority, fetched in priority order; results in SQL, read through Celery's
+own ``AsyncResult`` by a backend over the store; the batching engine attached to every worker's consumer,
+named by path so that producers never import it.
 """
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 from celery import Celery
 from kombu import Queue
 
-from worker.runtime.consumer import BatchingStep
-from worker.runtime.loop import queue_name
+from worker.broker.keys import Keys
+from worker.calls import InferCall
 from worker.settings import PRIORITIES, Settings, get_settings
 
-queue_for = queue_name
+# Set while an in-process worker runs (``batchwork run`` with no broker): only then may a producer publish
+# to the in-memory broker, which no other process can read.
+IN_PROCESS_WORKER = threading.Event()
 
 
 def transport_options(settings: Settings) -> dict[str, object]:
     if settings.embedded:
         return {"polling_interval": 0.005}  # the in-memory broker polls; keep its latency low
     return {
-        # A message unacked this long returns to its queue. Workers renew the messages they hold
-        # (runtime/loop.py: LeaseRenewal), so this bounds how long a killed worker's messages wait.
+        "batchwork_prefix": settings.queue,
+        # A held message whose lease is not renewed for this long returns to its queue. Workers renew
+        # the messages they hold (runtime/outbox.py), so this bounds how long a killed worker's messages wait.
         "visibility_timeout": settings.visibility_timeout_s,
         "unacked_restore_interval": 2,
-        "unacked_restore_throttle": 1,
-        "unacked_restore_limit": 1000,
-        # BRPOP's timeout: a queue resumed after a pause (runtime/loop.py) is only polled once the
-        # BRPOP in flight returns, so kombu's default of 1 s stalled intake for a second each time.
-        "polling_interval": 0.1,
-        # BRPOP checks the queues in the order the worker consumes them: high, normal, bulk.
-        "queue_order_strategy": "priority",
         "socket_connect_timeout": 5,
         "health_check_interval": 10,
     }
@@ -38,14 +39,17 @@ def transport_options(settings: Settings) -> dict[str, object]:
 
 def create_app(settings: Settings) -> Celery:
     app = Celery("batchwork", broker=settings.broker_url, include=["worker.tasks"])
+    keys = Keys.of(settings)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
         result_accept_content=["json"],
         task_ignore_result=True,
-        task_queues=[Queue(queue_for(p, settings)) for p in PRIORITIES],
-        task_default_queue=queue_for("normal", settings),
+        # AsyncResult.state / .get() read jobs from the batchwork store; workers never write through it.
+        result_backend="worker.celery_results:StoreBackend",
+        task_queues=[Queue(keys.queue(p)) for p in PRIORITIES],
+        task_default_queue=keys.queue("normal"),
         broker_transport_options=transport_options(settings),
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
@@ -59,8 +63,28 @@ def create_app(settings: Settings) -> Celery:
         task_send_sent_event=False,
         worker_hijack_root_logger=False,
     )
-    app.steps["consumer"].add(BatchingStep)
+    if not settings.embedded:
+        app.conf.broker_transport = "worker.broker.transport:Transport"
+    app.steps["consumer"].add("worker.runtime.consumer:BatchingStep")
     return app
+
+
+def publish_in_process(call: InferCall, settings: Settings) -> None:
+    """Publish to the in-memory broker, for the in-process worker of ``batchwork run``."""
+    from worker.tasks import infer
+
+    with app.producer_or_acquire() as producer:
+        for offset in range(0, call.total, settings.submit_chunk_size):
+            chunk = call.chunk(offset, settings.submit_chunk_size)
+            task_id = call.job_id if offset == 0 else None
+            _send(infer, chunk, task_id, Keys.of(settings).queue(call.priority), producer)
+
+
+def _send(task: Any, call: InferCall, task_id: str | None, queue: str, producer: Any) -> None:
+    from celery import Task
+
+    # Task.apply_async, not infer's own (which checks and enqueues a whole call).
+    Task.apply_async(task, kwargs=call.kwargs(), task_id=task_id, queue=queue, producer=producer)
 
 
 app = create_app(get_settings())

@@ -1,123 +1,182 @@
 """The ``batchwork`` command: run a file end to end, or drive workers and jobs one step at a time.
 
-User mistakes end in a one-line message and exit code 2, never a traceback.
+Every mistake and outage ends in one line and exit code 2, never a traceback: ``main`` turns batchwork's
+own errors, bad settings and Ctrl-C into lines. User text is printed as text, never read as Rich markup.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from worker.jsonl import InputFileError, read_inputs, write_results
-from worker.models.base import InvalidInput
-from worker.settings import PRIORITIES, get_settings
+from worker.errors import BatchworkError, InvalidInput, SetupError
+from worker.jsonl import InputFileError, Inputs, check_output_path, output, read_inputs, write_results
+from worker.settings import PRIORITIES, Settings, get_settings
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Celery-native batch inference.")
-console = Console(stderr=True)
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Celery-native batch inference.",
+)
+console = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+out_console = Console(highlight=False, emoji=False, soft_wrap=True)
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="model name or package.module:Class")]
 PriorityOpt = Annotated[str, typer.Option("--priority", "-p", help=f"one of {', '.join(PRIORITIES)}")]
 OutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="results JSONL (default: stdout)")]
 
 
-def fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}", highlight=False)
-    return typer.Exit(2)
+def main() -> None:
+    """The entry point: the command, with every expected failure as one line."""
+    try:
+        get_settings()
+        app()
+    except ValidationError as exc:
+        _fail_line(_settings_error(exc))
+    except BatchworkError as exc:
+        _fail_line(str(exc))
+    except KeyboardInterrupt:
+        console.print(Text("interrupted"))
+        sys.exit(130)
 
 
-def _client() -> Any:
+def _fail_line(message: str) -> None:
+    console.print(Text("error: ", style="red") + Text(message))
+    sys.exit(2)
+
+
+def _settings_error(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    name = "BATCHWORK_" + "__".join(str(part) for part in first["loc"]).upper()
+    return f"bad setting {name}: {first['msg']} (got {str(first.get('input'))[:80]!r})"
+
+
+def _client(settings: Settings | None = None) -> Any:
     from worker.client import Client
 
-    return Client()
+    return Client(settings or get_settings())
 
 
-def _submit(input_path: Path, model: str, priority: str) -> tuple[str, int]:
-    settings = get_settings()
-    try:
-        inputs = read_inputs(input_path, model, settings)
-        return _client().submit(model, inputs, priority), len(inputs)
-    except (InputFileError, InvalidInput) as exc:
-        raise fail(str(exc)) from None
+# -- the main job --------------------------------------------------------------------------------
 
 
 @app.command()
 def run(
     input_path: Annotated[Path, typer.Argument(metavar="INPUT.jsonl")],
     model: ModelOpt,
-    output: OutOpt = None,
+    output_path: OutOpt = None,
     priority: PriorityOpt = "normal",
 ) -> None:
     """Submit a file, show progress, wait, and write every item's result in input order."""
     settings = get_settings()
+    check_output_path(output_path)
+    inputs = read_inputs(input_path, settings.max_items_per_job)
+    client = _client(settings)
+    call = _checked(client, inputs, model, priority)
+    if not settings.embedded:
+        _run_and_write(client, call, inputs, output_path)
+        return
+    from worker.celery_app import app as celery_app
+    from worker.runtime.embedded import embedded_worker
+
+    client.store.ensure_sqlite_schema()
+    console.print(Text(f"no broker configured: running an in-process worker on {client.store.describe()}"))
+    with embedded_worker(celery_app):
+        _run_and_write(client, call, inputs, output_path)
+
+
+def _checked(client: Any, inputs: Inputs, model: str, priority: str) -> Any:
     try:
-        read_inputs(input_path, model, settings)  # refuse a bad file before starting anything
-    except (InputFileError, InvalidInput) as exc:
-        raise fail(str(exc)) from None
-    if settings.embedded:
-        from worker.celery_app import app as celery_app
-        from worker.runtime.embedded import embedded_worker
-        from worker.tasks import job_store
-
-        job_store(settings.database_url)  # creates and migrates the SQLite file
-        console.print(f"no broker configured: running an in-process worker on {settings.database_url}")
-        with embedded_worker(celery_app):
-            _run_and_write(input_path, model, priority, output)
-    else:
-        _run_and_write(input_path, model, priority, output)
+        return client.check(model, inputs, priority)
+    except InvalidInput as exc:
+        if exc.index is None:
+            raise
+        raise InputFileError(f"{inputs.line_of(exc.index)}: {exc.detail}") from None
 
 
-def _run_and_write(input_path: Path, model: str, priority: str, output: Path | None) -> None:
+def _run_and_write(client: Any, call: Any, inputs: Inputs, output_path: Path | None) -> None:
     started = time.monotonic()
-    job_id, total = _submit(input_path, model, priority)
-    console.print(f"job {job_id}: {total} items on {model}")
-    status = _follow(job_id, total)
+    job_id = client.enqueue(call)
+    console.print(Text(f"job {job_id}: {call.total} items on {call.model}"))
+    try:
+        status = _follow(client, job_id, call.total)
+    except KeyboardInterrupt:
+        client.cancel(job_id)
+        console.print(Text(f"interrupted: job {job_id} cancelled; unfinished items are written as cancelled"))
+        _write(client, job_id, inputs, output_path)
+        sys.exit(130)
     elapsed = time.monotonic() - started
-    client = _client()
-    with _open_output(output) as out:
-        write_results(out, client.results(job_id))
+    _write(client, job_id, inputs, output_path)
     console.print(
-        f"{status.state}: {status.done} done, {status.failed} failed in {elapsed:.2f} s "
-        f"({total / elapsed:,.0f} items/s)"
+        Text(
+            f"{status.state}: {status.done} done, {status.failed} failed in {elapsed:.2f} s "
+            f"({call.total / elapsed:,.0f} items/s)"
+        )
     )
+    _print_errors(status, console)
     if status.state != "succeeded":
         raise typer.Exit(1)
 
 
-def _follow(job_id: str, total: int) -> Any:
-    from worker.client import FINISHED
+def _follow(client: Any, job_id: str, total: int) -> Any:
+    from worker.store.values import FINISHED_STATES
 
-    client = _client()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("items", total=total)
         while True:
             status = client.status(job_id)
             progress.update(bar, completed=status.done + status.failed, description=status.state)
-            if status.state in FINISHED:
+            if status.state in FINISHED_STATES:
                 return status
             time.sleep(0.2)
 
 
-class _open_output:
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
+def _write(client: Any, job_id: str, inputs: Inputs, output_path: Path | None) -> None:
+    """One line per input, in order: its stored outcome, or an error saying why it has none."""
+    from worker.calls import item_id
+    from worker.client import ItemResult
 
-    def __enter__(self) -> Any:
-        self.file = self.path.open("wb") if self.path else sys.stdout.buffer
-        return self.file
+    missing = "cancelled" if client.status(job_id).state == "cancelled" else "no result was stored"
 
-    def __exit__(self, *exc: object) -> None:
-        if self.path:
-            self.file.close()
-        else:
-            self.file.flush()
+    def every_line() -> Iterator[ItemResult]:
+        stored = iter(client.results(job_id))
+        upcoming = next(stored, None)
+        for index, item in enumerate(inputs):
+            if upcoming is not None and upcoming.index == index:
+                yield upcoming
+                upcoming = next(stored, None)
+            else:
+                yield ItemResult(index, None, missing, _id_or_none(item_id, index, item))
+
+    with output(output_path) as out:
+        write_results(out, every_line())
+
+
+def _id_or_none(item_id: Any, index: int, item: object) -> str | None:
+    try:
+        return item_id(index, item)
+    except InvalidInput:
+        return None
+
+
+def _print_errors(status: Any, target: Console) -> None:
+    for error, count in status.errors:
+        target.print(Text(f"  {count} × {error}"))
+
+
+# -- one step at a time ---------------------------------------------------------------------------
 
 
 @app.command()
@@ -127,87 +186,75 @@ def submit(
     priority: PriorityOpt = "normal",
 ) -> None:
     """Submit a file to the configured broker and print the job id."""
-    job_id, _ = _submit(input_path, model, priority)
-    print(job_id)
+    settings = get_settings()
+    inputs = read_inputs(input_path, settings.max_items_per_job)
+    client = _client(settings)
+    print(client.enqueue(_checked(client, inputs, model, priority)))
 
 
 @app.command()
 def status(job_id: str) -> None:
-    """A job's state and counts, and the batches that carried it."""
-    from worker.client import JobNotFound
-
+    """A job's state and counts, its most common errors, and the batches that carried it."""
     client = _client()
-    try:
-        job = client.status(job_id)
-    except JobNotFound as exc:
-        raise fail(str(exc)) from None
+    job = client.status(job_id)
     table = Table(show_header=False, box=None)
-    for name in (
-        "job_id",
-        "model",
-        "priority",
-        "state",
-        "total",
-        "done",
-        "failed",
-        "error",
-        "created_at",
-        "started_at",
-        "finished_at",
-    ):
+    for name in ("job_id", "model", "priority", "state", "total", "done", "failed", "error"):
         value = getattr(job, name)
         if value is not None:
-            table.add_row(name, str(value))
+            table.add_row(name, Text(str(value)))
+    for name in ("created_at", "started_at", "finished_at"):
+        if getattr(job, name) is not None:
+            table.add_row(name, str(getattr(job, name)))
     if job.generated_tokens is not None:
         table.add_row("generated_tokens", f"{job.generated_tokens} ({job.running_tokens} by running items)")
-    Console().print(table)
-    batches = client.store.recent_batches(job_id, limit=10)
-    if batches:
-        recent = Table(
-            "started",
-            "lane",
-            "size",
-            "tokens real/padded",
-            "oldest wait ms",
-            "run ms",
-            "worker",
-            title="recent batches",
+    out_console.print(table)
+    if job.errors:
+        out_console.print(Text("most common errors:"))
+        _print_errors(job, out_console)
+    _print_batches(client.store.recent_batches(job_id, limit=10))
+
+
+def _print_batches(batches: list[Any]) -> None:
+    if not batches:
+        return
+    recent = Table(
+        "started",
+        "lane",
+        "size",
+        "tokens real/padded",
+        "oldest wait ms",
+        "run ms",
+        "worker",
+        title="recent batches",
+    )
+    for b in batches:
+        recent.add_row(
+            f"{b.started_at:%H:%M:%S.%f}"[:-3],
+            b.lane,
+            str(b.size),
+            f"{b.real_tokens}/{b.padded_tokens}",
+            f"{b.wait_ms:.1f}",
+            f"{b.run_ms:.1f}",
+            Text(b.worker),
         )
-        for b in batches:
-            recent.add_row(
-                f"{b.started_at:%H:%M:%S.%f}"[:-3],
-                b.lane,
-                str(b.size),
-                f"{b.real_tokens}/{b.padded_tokens}",
-                f"{b.wait_ms:.1f}",
-                f"{b.run_ms:.1f}",
-                b.worker,
-            )
-        Console().print(recent)
+    out_console.print(recent)
 
 
 @app.command()
-def results(job_id: str, output: OutOpt = None) -> None:
-    """Write a job's stored results as JSONL, in index order."""
-    from worker.client import JobNotFound
-
-    try:
-        with _open_output(output) as out:
-            write_results(out, _client().results(job_id))
-    except JobNotFound as exc:
-        raise fail(str(exc)) from None
+def results(job_id: str, output_path: OutOpt = None) -> None:
+    """Write a job's stored results as JSONL, in index order (a file is replaced only once complete)."""
+    client = _client()
+    client.status(job_id)
+    check_output_path(output_path)
+    with output(output_path) as out:
+        write_results(out, client.results(job_id))
 
 
 @app.command()
 def cancel(job_id: str) -> None:
     """Mark a job cancelled."""
-    from worker.client import JobNotFound
-
-    try:
-        changed = _client().cancel(job_id)
-    except JobNotFound as exc:
-        raise fail(str(exc)) from None
-    console.print("cancelled" if changed else "already finished")
+    changed = _client().cancel(job_id)
+    console.print(Text("cancelled" if changed else "already finished"))
 
 
 @app.command()
@@ -215,7 +262,11 @@ def worker(loglevel: str = "INFO", hostname: str | None = None) -> None:
     """Run a batching worker on the configured broker and database."""
     settings = get_settings()
     if settings.embedded:
-        raise fail("no broker configured: set BATCHWORK_BROKER_URL (e.g. redis://localhost:6379/0)")
+        raise SetupError("no broker configured: set BATCHWORK_BROKER_URL (e.g. redis://localhost:6379/0)")
+    store = _client(settings).store
+    store.ensure_sqlite_schema()
+    if not store.has_schema():
+        raise SetupError(f"the database {store.describe()} has no batchwork schema: run `batchwork migrate`")
     from worker.celery_app import app as celery_app
 
     argv = ["worker", f"--loglevel={loglevel}"]
@@ -225,22 +276,30 @@ def worker(loglevel: str = "INFO", hostname: str | None = None) -> None:
 @app.command()
 def migrate() -> None:
     """Create or upgrade the database schema (BATCHWORK_DATABASE_URL)."""
+    from worker.store.db import client_errors, shown_url
     from worker.store.schema import migrate as run_migrations
 
-    run_migrations(get_settings().database_url)
-    console.print("database is at the latest schema")
+    url = get_settings().database_url
+    with client_errors(url):
+        run_migrations(url)
+    console.print(Text(f"{shown_url(url)} is at the latest schema"))
 
 
 @app.command()
 def models() -> None:
-    """The models this installation can serve."""
+    """The models this deployment serves (BATCHWORK_MODELS), with their default N and T."""
     from worker.models.registry import describe
 
     table = Table("name", "description", "N", "T ms")
-    for name, text, size, wait_ms in describe():
-        table.add_row(name, text, str(size), f"{wait_ms:g}")
-    Console().print(table)
+    for row in describe(get_settings()):
+        if isinstance(row, BatchworkError):
+            table.add_row("", Text(str(row), style="red"), "", "")
+        else:
+            table.add_row(
+                Text(row.name), Text(row.description), str(row.max_batch_size), f"{row.max_wait_ms:g}"
+            )
+    out_console.print(table)
 
 
 if __name__ == "__main__":
-    app()
+    main()

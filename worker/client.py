@@ -1,27 +1,42 @@
-"""submit / status / results / wait / cancel for Python users.
+"""submit / status / results / wait / cancel for Python users, and the enqueue path ``infer.delay`` takes.
 
-``submit`` checks every item, registers the job, then publishes it in chunks under one job id.
-Polling reads SQL only; nothing here talks to a worker.
+A call is checked whole before anything is enqueued. ``submit`` records the job in SQL, then publishes its
+messages; ``infer.delay`` (one round trip, no SQL) records it in Redis with its message, and the worker that
+takes it records it in SQL. Polling reads SQL, and Redis for a job no worker has taken yet.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from datetime import datetime
+from functools import cached_property
 from typing import Any, NamedTuple
 from uuid import uuid4
 
-from worker.calls import InferCall, check_items, expiry, parse_call
-from worker.celery_app import app
+from worker.broker.keys import Keys
+from worker.calls import InferCall, check_items, job_id_of, new_call
+from worker.errors import InvalidInput, JobNotFound, NoWorker
 from worker.settings import Settings, get_settings
-from worker.store.results import JobSpec, JobStatus, ResultStore
-from worker.tasks import job_store, publish
+from worker.store.results import FINISHED_STATES, JobSpec, JobStatus, ResultStore
 
-FINISHED = frozenset({"succeeded", "failed", "partial", "cancelled"})
+__all__ = [
+    "Client",
+    "InvalidInput",
+    "ItemResult",
+    "JobNotFound",
+    "cancel",
+    "results",
+    "status",
+    "submit",
+    "wait",
+]
 
-
-class JobNotFound(LookupError):
-    pass
+NO_WORKER = (
+    "no broker is configured (BATCHWORK_BROKER_URL is memory://), so nothing would ever run this job: "
+    "set BATCHWORK_BROKER_URL to a Redis URL and start `batchwork worker`, or use `batchwork run FILE`, "
+    "which runs a worker in its own process"
+)
 
 
 class ItemResult(NamedTuple):
@@ -37,46 +52,84 @@ class Client:
 
     @property
     def store(self) -> ResultStore:
-        return job_store(self.settings.database_url)
+        """The job store; a SQLite database is created (and migrated) on first write, never by a read."""
+        return ResultStore.for_url(self.settings.database_url)
+
+    # -- enqueue ------------------------------------------------------------------------------
+
+    def check(
+        self, model: str, inputs: Sequence[Any], priority: str = "normal", deadline_s: float | None = None
+    ) -> InferCall:
+        """The call, every item checked; InvalidInput (naming the item and field) for the first mistake."""
+        kwargs = {"model": model, "inputs": inputs, "priority": priority, "deadline_s": deadline_s}
+        call = new_call(str(uuid4()), kwargs, self.settings)
+        check_items(call, self.settings)
+        return call
 
     def submit(
         self, model: str, inputs: Sequence[Any], priority: str = "normal", deadline_s: float | None = None
     ) -> str:
-        """Check all items, register the job, publish it; returns the job id.
+        """Check all items, record the job in SQL, publish it in messages of a bounded size; the job id.
 
         With ``deadline_s``, items not started within that many seconds end as expired errors.
         """
-        job_id = str(uuid4())
-        kwargs = {
-            "model": model,
-            "inputs": list(inputs),
-            "priority": priority,
-            "expires_at": expiry(deadline_s),
-        }
-        call = parse_call(job_id, kwargs, self.settings)
-        check_items(call, self.settings)
-        self.store.create_job(JobSpec(job_id, call.model, call.priority, call.total))
-        size = self.settings.submit_chunk_size
-        published = 0
+        return self.enqueue(self.check(model, inputs, priority, deadline_s))
+
+    def enqueue(self, call: InferCall) -> str:
+        """Record a checked call's job in SQL, then publish its messages; the job id."""
+        self.store.create_job(JobSpec(call.job_id, call.model, call.priority, call.total), create_schema=True)
         try:
-            with app.producer_or_acquire() as producer:
-                for offset in range(0, call.total, size):
-                    items = call.inputs[offset : offset + size]
-                    chunk = InferCall(
-                        job_id, call.model, items, call.priority, offset, call.total, call.expires_at
-                    )
-                    publish(chunk, str(uuid4()), producer)
-                    published += 1
+            self._publish(call, record_job=False)
         except Exception as exc:
             # Messages already sent still run; the job says why it cannot finish.
-            self.store.fail_job(job_id, f"submit stopped after {published} messages: {exc}")
+            self.store.fail_job(call.job_id, f"submit could not publish every message: {exc}")
             raise
-        return job_id
+        return call.job_id
+
+    def delay(self, kwargs: dict[str, Any]) -> str:
+        """``infer.delay``'s path: check, then the job's record and its message in one Redis round trip."""
+        call = new_call(str(uuid4()), kwargs, self.settings)
+        check_items(call, self.settings)
+        if self.settings.embedded:
+            return self.enqueue(call)
+        self._publish(call, record_job=True)
+        return call.job_id
+
+    def _publish(self, call: InferCall, *, record_job: bool) -> None:
+        if self.settings.embedded:
+            from worker.celery_app import IN_PROCESS_WORKER, publish_in_process
+
+            if not IN_PROCESS_WORKER.is_set():
+                raise NoWorker(NO_WORKER)
+            publish_in_process(call, self.settings)
+            return
+        self._publisher.enqueue(call, task_id=call.job_id, record_job=record_job)
+
+    @cached_property
+    def _publisher(self) -> Any:
+        from worker.broker.producer import Publisher
+
+        return Publisher(self.settings.broker_url, Keys.of(self.settings), self.settings.submit_chunk_size)
+
+    @cached_property
+    def _pending(self) -> Any:
+        from worker.broker.producer import PendingJobs
+
+        return PendingJobs(self.settings.broker_url, Keys.of(self.settings))
+
+    # -- poll ---------------------------------------------------------------------------------
 
     def status(self, job_id: str) -> JobStatus:
+        """The job's state and counts: from SQL, or from Redis while no worker has taken it yet."""
+        self._valid(job_id)
         status = self.store.status(job_id)
+        if status is None and not self.settings.embedded:
+            pending = self._pending.get(job_id)
+            if pending is not None:
+                return _queued(job_id, pending)
+            status = self.store.status(job_id)  # recorded in SQL between the two reads
         if status is None:
-            raise JobNotFound(f"no job {job_id}")
+            raise JobNotFound(f"no job {job_id} in {self.store.describe()}")
         return status
 
     def results(self, job_id: str) -> Iterator[ItemResult]:
@@ -88,7 +141,7 @@ class Client:
     def wait(self, job_id: str, timeout_s: float | None = None, poll_s: float = 0.2) -> JobStatus:
         """Poll until the job has finished; TimeoutError after ``timeout_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while (status := self.status(job_id)).state not in FINISHED:
+        while (status := self.status(job_id)).state not in FINISHED_STATES:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"job {job_id} is still {status.state} ({status.done + status.failed}/{status.total})"
@@ -98,31 +151,68 @@ class Client:
 
     def cancel(self, job_id: str) -> bool:
         """Mark the job cancelled; True unless it had already finished."""
-        self.status(job_id)
-        return self.store.cancel(job_id)
+        status = self.status(job_id)
+        if self.store.cancel(job_id):
+            return True
+        if status.state == "queued" and status.started_at is None:
+            # Known only to Redis so far: record it in SQL as cancelled; the worker that takes its message
+            # finds it so and stores its items as cancelled.
+            spec = JobSpec(job_id, status.model, status.priority, status.total)
+            return self.store.create_job(spec, state="cancelled") or self.store.cancel(job_id)
+        return False
+
+    @staticmethod
+    def _valid(job_id: object) -> None:
+        try:
+            job_id_of(job_id)
+        except InvalidInput as exc:
+            raise JobNotFound(f"no job {job_id!r}: {exc}") from None
 
 
-def _default() -> Client:
-    return Client()
+def _queued(job_id: str, record: dict[str, str]) -> JobStatus:
+    return JobStatus(
+        job_id=job_id,
+        model=record.get("model", "?"),
+        priority=record.get("priority", "normal"),
+        state="queued",
+        total=int(record.get("total", 0)),
+        done=0,
+        failed=0,
+        error=None,
+        created_at=datetime.fromisoformat(record["created_at"]),
+        started_at=None,
+        finished_at=None,
+    )
+
+
+_DEFAULT: list[Client] = []
+
+
+def default_client() -> Client:
+    """One client per settings object, so its connections are reused from call to call."""
+    settings = get_settings()
+    if not _DEFAULT or _DEFAULT[0].settings is not settings:
+        _DEFAULT[:] = [Client(settings)]
+    return _DEFAULT[0]
 
 
 def submit(
     model: str, inputs: Sequence[Any], priority: str = "normal", deadline_s: float | None = None
 ) -> str:
-    return _default().submit(model, inputs, priority, deadline_s)
+    return default_client().submit(model, inputs, priority, deadline_s)
 
 
 def status(job_id: str) -> JobStatus:
-    return _default().status(job_id)
+    return default_client().status(job_id)
 
 
 def results(job_id: str) -> Iterator[ItemResult]:
-    return _default().results(job_id)
+    return default_client().results(job_id)
 
 
 def wait(job_id: str, timeout_s: float | None = None) -> JobStatus:
-    return _default().wait(job_id, timeout_s)
+    return default_client().wait(job_id, timeout_s)
 
 
 def cancel(job_id: str) -> bool:
-    return _default().cancel(job_id)
+    return default_client().cancel(job_id)

@@ -1,49 +1,100 @@
-"""Input and output files: one JSON object a line, checked line by line before anything runs."""
+"""Input and output files: one JSON object a line; a mistake names the file, the line and the column.
+
+Reading only parses: the items are checked once, by the client, whose errors name an item index that
+``line_of`` turns back into a line. Writing goes to a temporary file that replaces the target only once
+complete, so a failed write never truncates what was there.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
-from worker.models.base import InvalidInput
-from worker.models.registry import model_class
-from worker.settings import Settings
+from worker.errors import BatchworkError
+
+BOM = b"\xef\xbb\xbf"
 
 
-class InputFileError(ValueError):
-    """A problem with an input file, naming the line."""
+class InputFileError(BatchworkError, ValueError):
+    """A problem with an input or output file, naming the file and the line."""
 
 
-def read_inputs(path: Path, model: str, settings: Settings) -> list[Any]:
-    """Every non-blank line of ``path`` as one input, each checked by the model."""
-    validate = model_class(model).validate
-    inputs: list[Any] = []
+class Inputs(list[Any]):
+    """A file's items, in order, with the line each came from."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.lines: list[int] = []
+
+    def line_of(self, index: int | None) -> str:
+        """Where item ``index`` came from, for a message: "path, line N"."""
+        if index is None or not 0 <= index < len(self.lines):
+            return str(self.path)
+        return f"{self.path}, line {self.lines[index]}"
+
+
+def read_inputs(path: Path, max_items: int) -> Inputs:
+    """Every non-blank line of ``path`` as one JSON value (a UTF-8 byte-order mark is accepted)."""
     try:
-        lines = path.read_bytes().splitlines()
+        data = path.read_bytes()
     except OSError as exc:
-        raise InputFileError(f"{path}: {exc.strerror}") from None
-    for number, line in enumerate(lines, start=1):
+        raise InputFileError(f"{path}: {exc.strerror or exc}") from None
+    inputs = Inputs(path)
+    for number, line in enumerate(data.removeprefix(BOM).splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            item = orjson.loads(line)
+            inputs.append(orjson.loads(line))
         except orjson.JSONDecodeError as exc:
-            raise InputFileError(f"{path}, line {number}: not valid JSON ({exc})") from None
-        try:
-            validate(len(inputs), item, settings.max_input_chars)
-        except InvalidInput as exc:
-            raise InputFileError(f"{path}, line {number}: {exc.detail}") from None
-        inputs.append(item)
-        if len(inputs) > settings.max_items_per_job:
             raise InputFileError(
-                f"{path}: more than {settings.max_items_per_job} items (BATCHWORK_MAX_ITEMS_PER_JOB)"
-            )
+                f"{path}, line {number}, column {exc.colno}: not valid JSON ({exc.msg})"
+            ) from None
+        inputs.lines.append(number)
+        if len(inputs) > max_items:
+            raise InputFileError(f"{path}: more than {max_items} items (BATCHWORK_MAX_ITEMS_PER_JOB)")
     if not inputs:
         raise InputFileError(f"{path}: no inputs")
     return inputs
+
+
+def check_output_path(path: Path | None) -> None:
+    """Refuse, before anything runs, an output path that could not be written."""
+    if path is None:
+        return
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputFileError(f"{path}: the folder {folder} does not exist")
+    if path.is_dir():
+        raise InputFileError(f"{path}: is a folder, not a file")
+    if not os.access(folder, os.W_OK):
+        raise InputFileError(f"{path}: the folder {folder} is not writable")
+
+
+@contextmanager
+def output(path: Path | None) -> Iterator[IO[bytes]]:
+    """Standard output, or a temporary file beside ``path`` that replaces it only once fully written."""
+    if path is None:
+        with os.fdopen(os.dup(1), "wb") as out:
+            yield out
+        return
+    check_output_path(path)
+    handle, temporary = tempfile.mkstemp(
+        dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}."
+    )
+    try:
+        with os.fdopen(handle, "wb") as out:
+            yield out
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
 
 
 def write_results(out: IO[bytes], results: Iterable[Any]) -> int:

@@ -5,14 +5,19 @@ Read once with :func:`get_settings` and passed down; no other module reads ``os.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.batching.policy import PRIORITIES, LaneKnobs, ModelKnobs
+from worker.models.registry import BUILTIN_MODELS, MAX_MODEL_NAME_CHARS
 
 __all__ = ["PRIORITIES", "Batching", "Lane", "Settings", "get_settings"]
+
+# A model is a built-in name or an import path: dotted module, one colon, a class name.
+_MODEL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 
 class Lane(BaseModel):
@@ -64,6 +69,13 @@ class Settings(BaseSettings):
         default="auto", description="auto (CUDA when present, else CPU), cpu, cuda, cuda:1 ..."
     )
 
+    # The models this deployment serves: built-in names and "package.module:Class" paths. A message or call
+    # naming anything else is refused before any import, so no caller can make a worker import a module.
+    models: list[str] = Field(default_factory=lambda: sorted(BUILTIN_MODELS))
+    # An item whose worker died this many times while running it (a segfault, os._exit, the OOM killer)
+    # ends with an error instead of being delivered again, so one poison input cannot crash-loop a fleet.
+    max_deliveries: int = Field(default=3, ge=1)
+
     # Per-model batching, e.g. BATCHWORK_BATCHING='{"minilm": {"max_batch_size": 32, "max_wait_ms": 20}}'.
     batching: dict[str, Batching] = Field(default_factory=dict)
 
@@ -87,7 +99,8 @@ class Settings(BaseSettings):
     # client.submit splits a job into messages of this many items.
     submit_chunk_size: int = Field(default=512, ge=1)
 
-    max_items_per_job: int = Field(default=1_000_000, ge=1)
+    # At most 2**31 - 1: item indices are 32-bit integers in SQL.
+    max_items_per_job: int = Field(default=1_000_000, ge=1, le=2**31 - 1)
     max_input_chars: int = Field(default=100_000, ge=1)
 
     simulated_base_ms: float = Field(default=20.0, ge=0, description="simulated model: a in a + b*n")
@@ -101,6 +114,21 @@ class Settings(BaseSettings):
     gpt2_kv_budget_tokens: int = Field(
         default=16_384, ge=16, description="gpt2: KV-cache tokens, all sequences"
     )
+
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, models: list[str]) -> list[str]:
+        for name in models:
+            if len(name) > MAX_MODEL_NAME_CHARS:
+                raise ValueError(
+                    f"model names are at most {MAX_MODEL_NAME_CHARS} characters: {name[:40]!r}..."
+                )
+            if name not in BUILTIN_MODELS and not _MODEL_PATH.match(name):
+                raise ValueError(
+                    f"{name!r} is neither a built-in model ({', '.join(sorted(BUILTIN_MODELS))}) "
+                    "nor an import path 'package.module:ClassName'"
+                )
+        return models
 
     @property
     def embedded(self) -> bool:

@@ -1,42 +1,34 @@
 """The enqueue surface: ``infer.delay(model="minilm", inputs=[...], priority="normal")``.
 
-A call is checked and its job registered in SQL before the message is published, so a bad call
-enqueues nothing and ``status(job_id)`` works at once. The task id is the job id.
+A call is checked whole before anything is enqueued, and its message goes out with the job's record in one
+Redis round trip (worker.client). The task id is the job id; ``AsyncResult.state``, ``.ready()`` and
+``.get()`` read the batchwork store. Importing this module loads Celery and the checks, never the engine,
+the store's writer or a model.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from datetime import UTC, datetime
 from typing import Any
-from uuid import uuid4
 
 from celery import Task
 
-from worker.calls import TASK_NAME, InferCall, check_items, expiry, parse_call
-from worker.celery_app import app, queue_for
-from worker.models.base import InvalidInput
-from worker.settings import get_settings
-from worker.store.results import JobSpec, ResultStore
-from worker.store.schema import migrate
+from worker.calls import TASK_NAME
+from worker.celery_app import app
+from worker.errors import InvalidInput
 
-
-@lru_cache(maxsize=4)
-def job_store(url: str) -> ResultStore:
-    """The store of producers and pollers; a SQLite database is created on first use."""
-    if url.startswith("sqlite"):
-        migrate(url)
-    return ResultStore.from_url(url)
-
-
-def publish(call: InferCall, task_id: str, producer: Any = None) -> None:
-    """Send one message, unchecked; callers have checked ``call`` and registered its job."""
-    Task.apply_async(
-        infer,
-        kwargs=call.kwargs(),
-        task_id=task_id,
-        queue=queue_for(call.priority, get_settings()),
-        producer=producer,
-    )
+# Celery options batchwork does not honour, and why; they are refused rather than silently dropped.
+_REFUSED_OPTIONS = {
+    "countdown": "items start as soon as a batch forms; deadline_s= bounds how late they may start",
+    "eta": "items start as soon as a batch forms; deadline_s= bounds how late they may start",
+    "priority": "pass priority='high', 'normal' or 'bulk' as an argument of the call",
+    "queue": "the queue follows the call's priority argument",
+    "routing_key": "the queue follows the call's priority argument",
+    "exchange": "the queue follows the call's priority argument",
+    "link": "a job has many items: poll AsyncResult.get(), client.wait or client.status instead",
+    "link_error": "a job has many items: poll AsyncResult.get(), client.wait or client.status instead",
+    "task_id": "batchwork chooses the job id (the returned task id); a caller cannot name one",
+}
 
 
 class InferTask(Task):
@@ -46,20 +38,37 @@ class InferTask(Task):
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
     ) -> Any:
+        from worker.client import default_client
+
         if args:
             raise InvalidInput("infer takes keyword arguments only: infer.delay(model=..., inputs=[...])")
-        settings = get_settings()
-        task_id = task_id or str(uuid4())
-        kwargs = dict(kwargs or {})
-        if "deadline_s" in kwargs:
-            kwargs["expires_at"] = expiry(kwargs.pop("deadline_s"))
-        call = parse_call(task_id, kwargs, settings)
-        check_items(call, settings)
-        job_store(settings.database_url).create_job(
-            JobSpec(call.job_id, call.model, call.priority, call.total)
+        if task_id is not None:
+            options["task_id"] = task_id
+        kwargs = _with_expiry(dict(kwargs or {}), options.pop("expires", None))
+        _refuse(options)
+        return self.AsyncResult(default_client().delay(kwargs))
+
+
+def _with_expiry(kwargs: dict[str, Any], expires: Any) -> dict[str, Any]:
+    """Celery's ``expires`` (seconds or a datetime) means what batchwork's ``deadline_s`` does."""
+    if expires is None:
+        return kwargs
+    if "deadline_s" in kwargs:
+        raise InvalidInput("give deadline_s or Celery's expires, not both")
+    if isinstance(expires, datetime):
+        when = expires if expires.tzinfo else expires.replace(tzinfo=UTC)
+        expires = (when - datetime.now(UTC)).total_seconds()
+    return {**kwargs, "deadline_s": expires}
+
+
+def _refuse(options: dict[str, Any]) -> None:
+    # Celery's own calls pass some options as None; only options given a value are refused.
+    given = sorted(name for name, value in options.items() if value is not None)
+    if given:
+        reasons = "; ".join(
+            f"{name}: {_REFUSED_OPTIONS.get(name, 'not supported by batchwork')}" for name in given
         )
-        publish(call, task_id, options.get("producer"))
-        return self.AsyncResult(task_id)
+        raise InvalidInput(f"infer does not take Celery option(s) {', '.join(given)} ({reasons})")
 
 
 @app.task(base=InferTask, name=TASK_NAME, bind=True)

@@ -24,12 +24,13 @@ class Counter(StepModel):
         self._running: dict[Any, tuple[int, list[int]]] = {}
 
     @classmethod
-    def validate(cls, index: int, item: object, max_chars: int) -> None:
+    def validate(cls, index: int, item: object, settings: Any) -> int:
         if not isinstance(item, dict) or not isinstance(item.get("count"), int) or item["count"] < 1:
             raise InvalidInput('an item is {"count": n} with n >= 1', index)
+        return item["count"]
 
-    def prepare(self, items: Sequence[object]) -> list[Prepared]:
-        return [Prepared(item["count"], item["count"]) for item in items]  # type: ignore[index]
+    def prepare(self, checked: Sequence[int]) -> list[Prepared]:
+        return [Prepared(count, count) for count in checked]
 
     def can_admit(self, length: int) -> bool:
         return len(self._running) < self.max_running

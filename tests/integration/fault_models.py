@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
-from worker.models.base import Model, text_of
+from worker.models.base import Model
 
 
 class Poison(Model):
@@ -16,10 +17,9 @@ class Poison(Model):
     max_wait_ms = 20
 
     def forward(self, payloads: Sequence[Any]) -> list[int]:
-        texts = [text_of(0, item, 10**6) for item in payloads]
-        if "poison" in texts:
+        if "poison" in payloads:
             raise ValueError("cannot digest 'poison'")
-        return [len(text) for text in texts]
+        return [len(text) for text in payloads]
 
 
 class OutOfMemoryAbove16(Model):
@@ -34,4 +34,18 @@ class OutOfMemoryAbove16(Model):
 
         if len(payloads) > 16:
             raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {len(payloads)} GiB")
-        return [len(text_of(0, item, 10**6)) for item in payloads]
+        return [len(text) for text in payloads]
+
+
+class Crash(Model):
+    """Kills its own worker process (as a segfault or the OOM killer would) on the text "crash"; else echoes
+    each text's length."""
+
+    name = "crash"
+    max_batch_size = 8
+    max_wait_ms = 20
+
+    def forward(self, payloads: Sequence[Any]) -> list[int]:
+        if "crash" in payloads:
+            os._exit(9)
+        return [len(text) for text in payloads]

@@ -16,11 +16,24 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_LINE = "batchwork engine ready"
+# The models the test deployments serve: the built-ins and the tests' own (BATCHWORK_MODELS).
+TEST_MODELS = [
+    "gpt2",
+    "minilm",
+    "noop",
+    "simulated",
+    "tests.integration.echo_model:Echo",
+    "tests.integration.counting_model:Counter",
+    "tests.integration.fault_models:Poison",
+    "tests.integration.fault_models:OutOfMemoryAbove16",
+    "tests.integration.fault_models:Crash",
+]
 
 
 def service_env(broker_url: str, database_url: str, **settings: Any) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
     env.update(BATCHWORK_BROKER_URL=broker_url, BATCHWORK_DATABASE_URL=database_url, HF_HUB_OFFLINE="1")
+    env["BATCHWORK_MODELS"] = json.dumps(TEST_MODELS)
     env["PYTHONPATH"] = str(ROOT)
     for name, value in settings.items():
         env[f"BATCHWORK_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)

@@ -81,6 +81,9 @@ def test_sigkilled_workers_lose_nothing_and_duplicate_nothing(
         simulated_base_ms="20",
         simulated_per_item_ms="2",
         batching={"simulated": {"max_batch_size": 64, "max_wait_ms": 10}},
+        # A worker killed every 2 s can be killed three times while running the same innocent item, which
+        # the default delivery cap (3) would take for a poison input; churn like this wants a higher cap.
+        max_deliveries="20",
     )
     calm = run_jobs(env, store, kill_every_s=None)
     with store.engine.begin() as conn:

@@ -58,7 +58,7 @@ def test_run_minilm_gives_unit_384d_embeddings(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"text": "fine"}\n{not json}\n', "line 2: not valid JSON"),
+        ('{"text": "fine"}\n{not json}\n', "line 2, column 2: not valid JSON"),
         ('{"text": "fine"}\n\n{"id": 3}\n', "line 3: missing field 'text'"),
         ('{"text": 5}\n', "line 1: field 'text' must be a string"),
         ("\n\n", "no inputs"),

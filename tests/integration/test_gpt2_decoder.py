@@ -16,6 +16,7 @@ from transformers import AutoTokenizer, GPT2LMHeadModel
 
 # The fixtures are imported to be used; each test naming one as an argument needs its own noqa: F811.
 from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos, with_pytorch_bin  # noqa: F401
+from worker.errors import InvalidInput
 from worker.models.device import resolve_device
 from worker.models.gpt2 import GPT2, Generation
 from worker.models.gpt2_inputs import Prompt
@@ -52,7 +53,8 @@ def engine(checkpoint: Path, cls: type[GPT2] = GPT2, kv_budget_tokens: int = 16_
 
 
 def payloads(model: GPT2, items: Sequence[object]) -> list[Prompt]:
-    return [prepared.payload for prepared in model.prepare(items)]
+    checked = [model.validate(index, item, model.settings) for index, item in enumerate(items)]
+    return [prepared.payload for prepared in model.prepare(checked)]
 
 
 def greedy_items() -> list[dict]:
@@ -198,16 +200,16 @@ def test_a_prompt_too_long_fails_alone(tiny_gpt2: Path) -> None:  # noqa: F811
     items = [
         {"prompt": "Hi", "max_new_tokens": 3},
         {"prompt": "Hi", "max_new_tokens": 128},  # 1 + 128 tokens: over the 128-token context
-        {"prompt": "no object"},
     ]
-    prepared = model.prepare(items)
-    errors = model.check_lengths([p.payload for p in prepared])
+    with pytest.raises(InvalidInput, match="missing field 'max_new_tokens'"):
+        model.validate(2, {"prompt": "no object"}, model.settings)
+    prompts = payloads(model, items)
+    errors = [prompt.error for prompt in prompts]
     assert errors[0] is None
     assert errors[1] is not None and "over the model's context of 128 tokens" in errors[1]
-    assert errors[2] == "missing field 'max_new_tokens'"
-    outputs = model.run_continuous([p.payload for p in prepared])
+    outputs = model.run_continuous(prompts)
     assert outputs[0].error is None and outputs[0].output["tokens"] == 3
-    assert [o.error for o in outputs[1:]] == errors[1:]
+    assert outputs[1].error == errors[1]
 
 
 def test_pytorch_model_bin_loads_the_same(tiny_gpt2: Path, tmp_path: Path) -> None:  # noqa: F811

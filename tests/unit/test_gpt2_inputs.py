@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,20 +16,12 @@ from worker.models.base import InvalidInput
 from worker.models.gpt2 import GPT2
 from worker.models.gpt2_inputs import Prompt
 from worker.models.gpt2_scheduler import Generation, SequenceScheduler
-from worker.settings import get_settings
+from worker.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_CHARS = 100
+SETTINGS = Settings(max_input_chars=MAX_CHARS, gpt2_path=None)
 OK = {"prompt": "Hello", "max_new_tokens": 5}
-
-
-@pytest.fixture(autouse=True)
-def no_checkpoint_setting(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """validate reads the process settings; each test starts without BATCHWORK_GPT2_PATH."""
-    monkeypatch.delenv("BATCHWORK_GPT2_PATH", raising=False)
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -64,7 +55,7 @@ def no_checkpoint_setting(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 )
 def test_validation_names_the_item_and_the_problem(item: object, message: str) -> None:
     with pytest.raises(InvalidInput) as caught:
-        GPT2.validate(4, item, MAX_CHARS)
+        GPT2.validate(4, item, SETTINGS)
     assert message in str(caught.value)
 
 
@@ -79,18 +70,15 @@ def test_validation_names_the_item_and_the_problem(item: object, message: str) -
     ],
 )
 def test_valid_inputs_pass(item: object) -> None:
-    GPT2.validate(0, item, MAX_CHARS)
+    GPT2.validate(0, item, SETTINGS)
 
 
-def test_max_new_tokens_is_bounded_by_the_checkpoint_context(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_max_new_tokens_is_bounded_by_the_checkpoint_context(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"n_positions": 128}))
-    monkeypatch.setenv("BATCHWORK_GPT2_PATH", str(tmp_path))
-    get_settings.cache_clear()
-    GPT2.validate(0, {**OK, "max_new_tokens": 128}, MAX_CHARS)
+    settings = Settings(max_input_chars=MAX_CHARS, gpt2_path=str(tmp_path))
+    GPT2.validate(0, {**OK, "max_new_tokens": 128}, settings)
     with pytest.raises(InvalidInput, match="'max_new_tokens' is 129, over the model's context of 128 tokens"):
-        GPT2.validate(0, {**OK, "max_new_tokens": 129}, MAX_CHARS)
+        GPT2.validate(0, {**OK, "max_new_tokens": 129}, settings)
 
 
 def test_importing_and_validating_does_not_load_torch() -> None:
@@ -98,7 +86,8 @@ def test_importing_and_validating_does_not_load_torch() -> None:
         "import sys\n"
         "import worker.models.gpt2\n"
         "from worker.models.registry import model_class\n"
-        "model_class('gpt2').validate(0, {'prompt': 'Hi', 'max_new_tokens': 3}, 10)\n"
+        "from worker.settings import Settings\n"
+        "model_class('gpt2', Settings()).validate(0, {'prompt': 'Hi', 'max_new_tokens': 3}, Settings())\n"
         "heavy = [m for m in ('torch', 'transformers', 'tokenizers', 'safetensors') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

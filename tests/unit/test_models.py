@@ -13,14 +13,22 @@ from pathlib import Path
 import pytest
 
 from tests.integration.echo_model import Echo
-from worker.models.base import InvalidInput, Model
+from worker.models.base import InvalidInput
 from worker.models.noop import Noop
-from worker.models.registry import UnknownModel, describe, model_class, model_names
+from worker.models.registry import BUILTIN_MODELS, UnknownModel, describe, model_class
 from worker.models.simulated import Simulated
 from worker.settings import Settings
 
 MAX_CHARS = 100
 REPO_ROOT = Path(__file__).resolve().parents[2]
+ECHO = "tests.integration.echo_model:Echo"
+BAD_PATHS = [
+    "no_such_package.models:Thing",
+    "tests.integration.echo_model:Missing",
+    "tests.integration.echo_model:annotations",
+    "tests.integration.echo_model:Sequence",
+]
+SETTINGS = Settings(max_input_chars=MAX_CHARS, models=[*sorted(BUILTIN_MODELS), ECHO, *BAD_PATHS])
 
 
 @pytest.mark.parametrize(
@@ -39,42 +47,68 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("name", ["minilm", "noop", "simulated"])
 def test_validation_names_the_item_and_the_problem(name: str, item: object, message: str) -> None:
     with pytest.raises(InvalidInput) as caught:
-        model_class(name).validate(3, item, MAX_CHARS)
+        model_class(name, SETTINGS).validate(3, item, SETTINGS)
     assert message in str(caught.value)
 
 
 @pytest.mark.parametrize("item", ["hello", {"text": "hello", "id": "a"}, "x" * MAX_CHARS])
 def test_valid_inputs_pass(item: object) -> None:
-    model_class("minilm").validate(0, item, MAX_CHARS)
-
-
-def test_item_id_is_carried_as_a_string() -> None:
-    assert Model.item_id({"id": 7, "text": "a"}) == "7"
-    assert Model.item_id("just text") is None
+    assert model_class("minilm", SETTINGS).validate(0, item, SETTINGS) == (
+        item if isinstance(item, str) else "hello"
+    )
 
 
 def test_builtin_names_resolve_to_their_classes() -> None:
-    assert {"minilm", "noop", "simulated"} <= set(model_names())
-    assert model_names() == sorted(model_names())
-    assert model_class("noop") is Noop
-    assert model_class("simulated") is Simulated
-    assert model_class("minilm").name == "minilm"
+    assert {"minilm", "noop", "simulated"} <= set(BUILTIN_MODELS)
+    assert Settings().models == sorted(BUILTIN_MODELS)
+    assert model_class("noop", SETTINGS) is Noop
+    assert model_class("simulated", SETTINGS) is Simulated
+    assert model_class("minilm", SETTINGS).name == "minilm"
 
 
-def test_resolution_is_cached() -> None:
-    path = "tests.integration.echo_model:Echo"
-    assert model_class(path) is model_class(path)
-    assert model_class.cache_info().hits > 0
-
-
-def test_unknown_name_lists_the_known_ones() -> None:
+def test_unknown_name_lists_the_served_ones() -> None:
     with pytest.raises(UnknownModel) as caught:
-        model_class("bert-large")
+        model_class("bert-large", Settings())
     message = str(caught.value)
-    assert "'bert-large'" in message
-    for name in model_names():
+    assert "'bert-large'" in message and "BATCHWORK_MODELS" in message
+    for name in BUILTIN_MODELS:
         assert name in message
     assert isinstance(caught.value, InvalidInput)
+
+
+@pytest.mark.parametrize("name", ["this:Zen", "antigravity:Fly", ECHO, "tests.integration.fault_models:OOM"])
+def test_a_model_outside_the_allow_list_is_refused_without_importing_it(name: str) -> None:
+    module = name.partition(":")[0]
+    code = (
+        "import sys\n"
+        "from worker.models.registry import UnknownModel, model_class\n"
+        "from worker.settings import Settings\n"
+        "try:\n"
+        f"    model_class({name!r}, Settings())\n"
+        "except UnknownModel as exc:\n"
+        "    print(exc)\n"
+        f"assert {module!r} not in sys.modules, 'imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "unknown model" in result.stdout
+    assert "The Zen of Python" not in result.stdout
+
+
+@pytest.mark.parametrize("value", [None, 7, ["minilm"], "x" * 10_000])
+def test_a_model_name_of_any_type_or_length_is_refused_in_one_line(value: object) -> None:
+    with pytest.raises(UnknownModel) as caught:
+        model_class(value, Settings())
+    assert len(str(caught.value)) < 300
+
+
+@pytest.mark.parametrize("models", ['["a:b:c"]', '["os.path"]', '["-m"]', '"minilm"'])
+def test_an_allow_list_entry_that_is_no_model_name_is_a_bad_setting(
+    models: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHWORK_MODELS", models)
+    with pytest.raises(ValueError, match="models"):
+        Settings()
 
 
 @pytest.mark.parametrize(
@@ -82,24 +116,25 @@ def test_unknown_name_lists_the_known_ones() -> None:
     [
         ("no_such_package.models:Thing", "cannot import module 'no_such_package.models'"),
         ("tests.integration.echo_model:Missing", "has no attribute 'Missing'"),
-        ("tests.integration.echo_model:text_of", "is not a subclass of worker.models.base.Model"),
+        ("tests.integration.echo_model:annotations", "is not a subclass of worker.models.base.Model"),
         ("tests.integration.echo_model:Sequence", "is not a subclass of worker.models.base.Model"),
-        (":Echo", "must look like 'package.module:ClassName'"),
-        ("tests.integration.echo_model:", "must look like 'package.module:ClassName'"),
     ],
 )
 def test_bad_import_paths_say_what_is_wrong(path: str, fragment: str) -> None:
+    settings = Settings(models=[path])
     with pytest.raises(UnknownModel, match=path.replace(".", r"\.")) as caught:
-        model_class(path)
+        model_class(path, settings)
     assert fragment in str(caught.value)
 
 
 def test_user_model_by_import_path_runs() -> None:
-    cls = model_class("tests.integration.echo_model:Echo")
+    cls = model_class(ECHO, SETTINGS)
     assert cls is Echo
-    model = cls(Settings())
+    model = cls(SETTINGS)
     model.load("cpu")
-    prepared = model.prepare(["héllo", {"text": "ab", "id": 1}])
+    prepared = model.prepare(
+        [cls.validate(i, item, SETTINGS) for i, item in enumerate(["héllo", {"text": "ab"}])]
+    )
     assert list(model.forward([p.payload for p in prepared])) == [
         {"echo": "héllo", "n": 5},
         {"echo": "ab", "n": 2},
@@ -107,8 +142,8 @@ def test_user_model_by_import_path_runs() -> None:
 
 
 def test_describe_gives_defaults_for_the_cli() -> None:
-    rows = {row.name: row for row in describe()}
-    assert set(rows) == set(model_names())
+    rows = {row.name: row for row in describe(Settings()) if not isinstance(row, Exception)}
+    assert set(rows) == set(BUILTIN_MODELS)
     assert (rows["noop"].max_batch_size, rows["noop"].max_wait_ms) == (1024, 5.0)
     assert (rows["simulated"].max_batch_size, rows["simulated"].max_wait_ms) == (64, 20.0)
     assert rows["minilm"].max_wait_ms == 50.0
@@ -117,13 +152,13 @@ def test_describe_gives_defaults_for_the_cli() -> None:
 
 def test_noop_returns_zero_per_item() -> None:
     model = Noop(Settings())
-    prepared = model.prepare(["a", {"text": "b"}, "c"])
+    prepared = model.prepare(["a", "b", "c"])
     assert list(model.forward([p.payload for p in prepared])) == [0, 0, 0]
 
 
 def test_simulated_returns_text_lengths() -> None:
     model = Simulated(Settings(simulated_base_ms=0, simulated_per_item_ms=0))
-    prepared = model.prepare(["abc", {"text": "日本語です", "id": 9}, "x" * 40])
+    prepared = model.prepare(["abc", "日本語です", "x" * 40])
     assert model.forward([p.payload for p in prepared]) == [3, 5, 40]
 
 
@@ -142,8 +177,9 @@ def test_importing_models_does_not_load_torch() -> None:
     code = (
         "import sys\n"
         "import worker.models.registry, worker.models.minilm, worker.models.device\n"
-        "worker.models.registry.describe()\n"
-        "worker.models.registry.model_class('minilm').validate(0, 'text', 10)\n"
+        "from worker.settings import Settings\n"
+        "worker.models.registry.describe(Settings())\n"
+        "worker.models.registry.model_class('minilm', Settings()).validate(0, 'text', Settings())\n"
         "heavy = [m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

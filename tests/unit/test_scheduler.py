@@ -107,15 +107,6 @@ def test_a_batch_never_mixes_models_and_the_urgent_lane_goes_first() -> None:
     assert lanes == [("m", "high"), ("m", "normal"), ("other", "normal")]
 
 
-def test_flush_hands_out_everything_regardless_of_readiness() -> None:
-    s = scheduler()
-    s.add("m", "normal", item("a", 0, at=5.0))
-    assert s.next_batch(now=5.0) is None
-    batch = s.next_batch(now=5.0, flush=True)
-    assert batch is not None and len(batch.items) == 1
-    assert s.next_deadline() is None
-
-
 def test_token_counts_of_a_batch() -> None:
     s = scheduler()
     for i, length in enumerate([3, 7, 5, 1]):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from worker.batching.backoff import SizeLimit
 from worker.batching.buckets import Bucket
 from worker.batching.policy import LanePolicy
 
@@ -133,44 +134,54 @@ class Scheduler:
     def __init__(self, policy_for: Callable[[LaneKey], LanePolicy]) -> None:
         self._policy_for = policy_for
         self._lanes: dict[LaneKey, Lane] = {}
-        self._caps: dict[str, int | None] = {}
+        self._limits: dict[
+            str, SizeLimit
+        ] = {}  # per model: the batch size trusted since it ran out of memory
 
     def add(self, model: str, priority: str, item: Item) -> None:
         key = (model, priority)
         lane = self._lanes.get(key)
         if lane is None:
             lane = self._lanes[key] = Lane(key, self._policy_for(key))
-            lane.cap_size(self._caps.get(model))
+            lane.cap_size(self._limits[model].cap if model in self._limits else None)
         lane.add(item)
 
-    def cap_size(self, model: str, cap: int | None) -> None:
-        """Hold every lane of ``model`` to batches of at most ``cap`` items (None: back to N)."""
-        self._caps[model] = cap
-        for (lane_model, _), lane in self._lanes.items():
-            if lane_model == model:
-                lane.cap_size(cap)
+    def batch_ran(
+        self, batch: Batch, out_of_memory_at: int | None, largest_ok: int
+    ) -> tuple[bool, int | None]:
+        """Learn from a batch that ran: a model's N drops at once when it ran out of memory (to what ran) and
+        grows back slowly after (see SizeLimit). Whether its cap changed, and the cap (None: its N)."""
+        limit = self._limits.setdefault(batch.model, SizeLimit())
+        before = limit.cap
+        if out_of_memory_at is not None:
+            limit.ran_out_of_memory(out_of_memory_at, largest_ok)
+        else:
+            limit.succeeded(len(batch.items), self._lanes[batch.lane].configured.max_batch_size)
+        if limit.cap == before:
+            return False, limit.cap
+        for (model, _), lane in self._lanes.items():
+            if model == batch.model:
+                lane.cap_size(limit.cap)
+        return True, limit.cap
 
     def __len__(self) -> int:
         return sum(lane.size for lane in self._lanes.values())
 
-    def waiting(self, priority: str) -> int:
-        return sum(lane.size for key, lane in self._lanes.items() if key[1] == priority)
-
-    def next_batch(self, now: float, *, flush: bool = False) -> Batch | None:
-        """The batch to run now, or None if no lane is ready. ``flush`` treats every lane as ready.
+    def next_batch(self, now: float) -> Batch | None:
+        """The batch to run now, or None if no lane is ready.
 
         The most urgent ready lane goes first, except that a lane whose oldest item waited past its
         starvation bound goes before all lanes that have not (oldest first among those). Lanes of
         continuously batched models are left to ``admit_next``.
         """
-        ready = [lane for lane in self._waiting(continuous=False) if flush or lane.is_ready(now)]
+        ready = [lane for lane in self._waiting(continuous=False) if lane.is_ready(now)]
         if not ready:
             return None
         lane = _most_urgent(ready, now)
         return Batch(lane.key, tuple(lane.take(now)), now)
 
-    def admit_next(self, model: str, now: float, fits: Callable[[int], bool]) -> Item | None:
-        """The next item to join ``model``'s running batch (continuous batching), if ``fits`` its length.
+    def admit_next(self, model: str, now: float, fits: Callable[[Item], bool]) -> Item | None:
+        """The next item to join ``model``'s running batch (continuous batching), if it ``fits``.
 
         The lane is chosen as for batches (urgency, then aging); within it, the oldest item goes.
         """
@@ -179,7 +190,7 @@ class Scheduler:
             return None
         lane = _most_urgent(lanes, now)
         bucket = lane.oldest_bucket()
-        if not fits(bucket.peek_oldest().length):
+        if not fits(bucket.peek_oldest()):
             return None
         lane.served_at = now
         lane.size -= 1

@@ -11,17 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from worker.errors import InvalidInput
+
 if TYPE_CHECKING:
     from worker.settings import Settings
-
-
-class InvalidInput(ValueError):
-    """An input that cannot run; the message names the item (when there is one) and the field."""
-
-    def __init__(self, detail: str, index: int | None = None) -> None:
-        self.detail = detail
-        self.index = index
-        super().__init__(detail if index is None else f"item {index}: {detail}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +28,9 @@ class Prepared:
 class Model:
     """A model served by batchwork.
 
-    The worker calls ``load`` once, ``prepare`` once per incoming message (all its items at once,
-    so tokenizers can work in bulk), and ``forward`` once per batch. ``forward`` must return exactly
-    one JSON-serializable output (or numpy array) per payload, in order.
+    The worker calls ``load`` once, ``validate`` on each item it receives, ``prepare`` once per incoming
+    message (all its checked items at once, so tokenizers can work in bulk), and ``forward`` once per batch.
+    ``forward`` must return exactly one JSON-serializable output (or numpy array) per payload, in order.
     """
 
     name: ClassVar[str]
@@ -52,23 +45,21 @@ class Model:
         self.settings = settings
 
     @classmethod
-    def validate(cls, index: int, item: object, max_chars: int) -> None:
-        """Raise InvalidInput if ``item`` cannot be run; cheap, no weights needed."""
-        text_of(index, item, max_chars)
+    def validate(cls, index: int, item: object, settings: Settings) -> Any:
+        """Raise InvalidInput if ``item`` cannot be run; else return what ``prepare`` takes for it.
 
-    @staticmethod
-    def item_id(item: object) -> str | None:
-        """The user's own id of an item (``{"id": ...}``), carried to the results."""
-        if isinstance(item, dict):
-            ident = item.get("id")
-            return None if ident is None else str(ident)
-        return None
+        Cheap, no weights needed: producers call it on every item before anything is enqueued, the worker
+        once more on every item it receives (a raw Celery call can skip the producer), and nothing else
+        checks the item again. The default takes a string or an object with a string field ``text``.
+        """
+        return text_of(index, item, settings.max_input_chars)
 
     def load(self, device: str) -> None:
         """Load weights onto ``device`` ("cpu", "cuda", ...)."""
 
-    def prepare(self, items: Sequence[object]) -> list[Prepared]:
-        return [Prepared(item) for item in items]
+    def prepare(self, checked: Sequence[Any]) -> list[Prepared]:
+        """Make a message's checked items (what ``validate`` returned) ready for batching, all at once."""
+        return [Prepared(item) for item in checked]
 
     def forward(self, payloads: Sequence[Any]) -> Sequence[Any]:
         raise NotImplementedError

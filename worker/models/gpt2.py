@@ -13,11 +13,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from worker.models.base import Finished, InvalidInput, Prepared, StepModel
+from worker.models.base import Finished, Prepared, StepModel
 from worker.models.gpt2_cache import PagePool, pages_for
 from worker.models.gpt2_inputs import Prompt, Request, check_request, context_tokens
 from worker.models.gpt2_scheduler import Generation, LiveSequence, SequenceScheduler
-from worker.settings import get_settings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -64,9 +63,9 @@ class GPT2(StepModel):
     # -- inputs (any thread) -----------------------------------------------------------------
 
     @classmethod
-    def validate(cls, index: int, item: object, max_chars: int) -> None:
-        # The producer's settings, to bound max_new_tokens by the real context when it can read it.
-        check_request(index, item, max_chars, context_tokens(get_settings().gpt2_path))
+    def validate(cls, index: int, item: object, settings: Settings) -> Request:
+        # The caller's settings bound max_new_tokens by the real context when they name a checkpoint.
+        return check_request(index, item, settings.max_input_chars, context_tokens(settings.gpt2_path))
 
     def load(self, device: str) -> None:
         """Read the checkpoint BATCHWORK_GPT2_PATH names onto ``device``, in float32 however it was saved."""
@@ -95,28 +94,13 @@ class GPT2(StepModel):
         self._decoder = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
         self._sampling = gpt2_sampling
 
-    def prepare(self, items: Sequence[object]) -> list[Prepared]:
-        """Tokenize a whole message at once. Never raises for one item: an item that cannot run becomes
-        a payload with an ``error`` (see ``check_lengths``); admitted, it leaves with it at the next step.
-        """
+    def prepare(self, checked: Sequence[Request]) -> list[Prepared]:
+        """Tokenize a whole message at once. Never raises for one item: a prompt too long for the context or
+        the KV budget becomes a payload with an ``error``; admitted, it leaves with it at the next step."""
         encoder = _loaded(self._encoder, "prepare")
-        checked: list[Request | InvalidInput] = []
-        for index, item in enumerate(items):
-            try:
-                checked.append(check_request(index, item, self.settings.max_input_chars, self._context))
-            except InvalidInput as exc:
-                checked.append(exc)
-        prompts = [r.prompt for r in checked if isinstance(r, Request)]
-        encoded = iter(encoder(prompts, return_attention_mask=False)["input_ids"] if prompts else [])
-        return [
-            self._prepared(r, next(encoded)) if isinstance(r, Request) else _rejected(r.detail)
-            for r in checked
-        ]
-
-    def check_lengths(self, payloads: Sequence[Prompt]) -> list[str | None]:
-        """Per prepared payload: why it cannot run (too long for the context or KV budget, or an invalid
-        item), or None. The engine may store these errors at once instead of admitting the payloads."""
-        return [payload.error for payload in payloads]
+        prompts = [request.prompt for request in checked]
+        encoded = encoder(prompts, return_attention_mask=False)["input_ids"] if prompts else []
+        return [self._prepared(request, ids) for request, ids in zip(checked, encoded, strict=True)]
 
     def _prepared(self, request: Request, token_ids: list[int]) -> Prepared:
         prompt = Prompt(tuple(token_ids), request.max_new_tokens, request.sampling)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from worker.models.base import Model, Prepared, text_of
+from worker.models.base import Model, Prepared
 
 if TYPE_CHECKING:
     import torch
@@ -63,12 +63,10 @@ class MiniLM(Model):
         self._encoder = encoder.to(device).eval()
         self._device = device
 
-    def prepare(self, items: Sequence[object]) -> list[Prepared]:
-        """Tokenize a whole message in one fast (Rust) tokenizer call; padding waits for the batch."""
-        max_chars = self.settings.max_input_chars
-        texts = [text_of(index, item, max_chars) for index, item in enumerate(items)]
+    def prepare(self, checked: Sequence[str]) -> list[Prepared]:
+        """Tokenize a whole message's texts in one fast (Rust) tokenizer call; padding waits for the batch."""
         encoded = self._loaded_tokenizer()(
-            texts,
+            list(checked),
             truncation=True,
             max_length=self.max_seq_length,
             padding=False,

@@ -1,6 +1,8 @@
 """Resolves a model name (a built-in like ``minilm``, or a user's ``"package.module:Class"``) to its class.
 
-It must never import torch or load weights: producers and the API resolve models only to validate inputs.
+Only names in the deployment's allow-list (``BATCHWORK_MODELS``) are ever imported: anything else is refused
+before any import, so no caller can make a producer or a worker run a module's import-time code. It must
+never import torch or load weights: producers and the API resolve models only to validate inputs.
 """
 
 from __future__ import annotations
@@ -8,10 +10,14 @@ from __future__ import annotations
 import importlib
 import inspect
 from functools import cache
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from worker.models.base import InvalidInput, Model
 
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+# The models batchwork ships; a deployment serves all of them unless BATCHWORK_MODELS says otherwise.
 # Import paths rather than classes, so a built-in's module is imported only when it is asked for.
 BUILTIN_MODELS: dict[str, str] = {
     "gpt2": "worker.models.gpt2:GPT2",
@@ -19,10 +25,12 @@ BUILTIN_MODELS: dict[str, str] = {
     "noop": "worker.models.noop:Noop",
     "simulated": "worker.models.simulated:Simulated",
 }
+# The longest model name a job row keeps (jobs.model); longer names are refused, never stored.
+MAX_MODEL_NAME_CHARS = 200
 
 
 class UnknownModel(InvalidInput):
-    """A model name that is neither a built-in nor an importable Model subclass."""
+    """A model name this deployment does not serve, or an allowed path that is not a Model subclass."""
 
 
 class ModelDescription(NamedTuple):
@@ -32,26 +40,31 @@ class ModelDescription(NamedTuple):
     max_wait_ms: float
 
 
-def model_names() -> list[str]:
-    return sorted(BUILTIN_MODELS)
+def model_class(name: object, settings: Settings) -> type[Model]:
+    """The class of a model this deployment serves; UnknownModel, with nothing imported, for any other."""
+    if not isinstance(name, str) or name not in settings.models:
+        raise UnknownModel(
+            f"unknown model {shown(name)}: this deployment serves {', '.join(settings.models)} "
+            "(BATCHWORK_MODELS lists them)"
+        )
+    return _import_model(BUILTIN_MODELS.get(name, name))
 
 
-@cache
-def model_class(name: str) -> type[Model]:
-    """The class of a built-in model name or of an import path ``"package.module:ClassName"``."""
-    if name in BUILTIN_MODELS:
-        return _import_model(BUILTIN_MODELS[name])
-    if ":" in name:
-        return _import_model(name)
-    known = ", ".join(model_names())
-    raise UnknownModel(
-        f"unknown model {name!r}: use one of {known}, or an import path 'package.module:ClassName'"
-    )
+def describe(settings: Settings) -> list[ModelDescription | UnknownModel]:
+    """One row per served model, for ``batchwork models``; a model that cannot be imported is its error."""
+    rows: list[ModelDescription | UnknownModel] = []
+    for name in settings.models:
+        try:
+            rows.append(_description(name, model_class(name, settings)))
+        except UnknownModel as exc:
+            rows.append(exc)
+    return rows
 
 
-def describe() -> list[ModelDescription]:
-    """One row per built-in model, for ``batchwork models``."""
-    return [_description(name, model_class(name)) for name in model_names()]
+def shown(value: object, limit: int = 80) -> str:
+    """A caller's value as it may appear in a message: repr, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def _description(name: str, cls: type[Model]) -> ModelDescription:
@@ -60,13 +73,14 @@ def _description(name: str, cls: type[Model]) -> ModelDescription:
     return ModelDescription(name, first_line, cls.max_batch_size, cls.max_wait_ms)
 
 
+@cache
 def _import_model(path: str) -> type[Model]:
     module_name, _, class_name = path.partition(":")
     if not module_name or not class_name or ":" in class_name:
-        raise UnknownModel(f"model {path!r}: an import path must look like 'package.module:ClassName'")
+        raise UnknownModel(f"model {shown(path)}: an import path must look like 'package.module:ClassName'")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # an allowed module that fails to import is a deployment error, said in one line
         raise UnknownModel(f"model {path!r}: cannot import module {module_name!r} ({exc})") from exc
     cls = getattr(module, class_name, None)
     if cls is None:

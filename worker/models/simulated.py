@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from worker.models.base import Model, Prepared, text_of
+from worker.models.base import Model
 
 
 class Simulated(Model):
@@ -18,10 +18,6 @@ class Simulated(Model):
     name = "simulated"
     max_batch_size = 64
     max_wait_ms = 20.0
-
-    def prepare(self, items: Sequence[object]) -> list[Prepared]:
-        max_chars = self.settings.max_input_chars
-        return [Prepared(text_of(index, item, max_chars)) for index, item in enumerate(items)]
 
     def forward(self, payloads: Sequence[str]) -> list[int]:
         cost_ms = self.settings.simulated_base_ms + self.settings.simulated_per_item_ms * len(payloads)

@@ -1,25 +1,24 @@
-"""Where Celery meets the engine: a task strategy, a consumer bootstep, task events, the broker epoch.
+"""Where Celery meets the engine: a task strategy, the consumer bootstep, and the broker epoch.
 
-Celery's default strategy would run each message as one task. Ours hands the raw message to the
-engine and leaves it unacknowledged until every item in it is stored. Nothing here runs models.
+Celery's default strategy would run each message as one task. Ours hands the raw message to the engine and
+leaves it unacknowledged until every item in it is stored. Nothing here runs models.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-import time
 import uuid
 from typing import Any
 
 from celery import bootsteps
-from celery.utils.saferepr import saferepr
 
-from worker.calls import TASK_NAME
-from worker.runtime.deliveries import Delivery, Message
+from worker.broker.keys import Keys
+from worker.runtime.deliveries import Message
 from worker.runtime.engine import Engine
-from worker.runtime.loop import IntakeThrottle, LeaseRenewal, LoopAcks, broker_redis
-from worker.settings import get_settings
+from worker.runtime.journal import Journal
+from worker.runtime.outbox import IntakeThrottle, LeaseRenewal, Outbox
+from worker.settings import PRIORITIES, Settings, get_settings
 from worker.store.results import ResultStore
 
 log = logging.getLogger(__name__)
@@ -34,61 +33,22 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_options: Any) -> An
     return on_message
 
 
-class CeleryTaskEvents:
-    """task-received / started / succeeded events per message, as Celery's own worker sends them."""
-
-    def __init__(self, consumer: Any) -> None:
-        self._consumer = consumer
-
-    def _send(self, kind: str, delivery: Delivery, **fields: Any) -> None:
-        dispatcher = getattr(self._consumer, "event_dispatcher", None)
-        if dispatcher is None or not dispatcher.enabled:
-            return  # send() itself skips task events unless the worker was asked for them
-        try:
-            dispatcher.send(kind, uuid=delivery.task_id, **fields)
-        except Exception as exc:  # events are for monitoring; never stall the work for them
-            log.debug("could not send %s: %s", kind, exc)
-
-    def received(self, delivery: Delivery) -> None:
-        call = delivery.call
-        summary = (
-            {} if call is None else {"model": call.model, "job_id": call.job_id, "items": len(call.inputs)}
-        )
-        self._send(
-            "task-received", delivery, name=TASK_NAME, args="()", kwargs=saferepr(summary, 1024), retries=0
-        )
-
-    def started(self, delivery: Delivery) -> None:
-        self._send("task-started", delivery)
-
-    def finished(self, delivery: Delivery) -> None:
-        runtime = max(0.0, time.monotonic() - delivery.received_at)
-        if delivery.error is not None:
-            self._send("task-failed", delivery, exception=delivery.error, traceback="")
-            return
-        result = {"items": len(delivery.call.inputs) if delivery.call else 0, "failed": delivery.failed}
-        self._send("task-succeeded", delivery, result=saferepr(result), runtime=runtime)
-
-
 class BrokerEpoch:
     """Notices when Redis came back empty after a restart, by a key every worker expects to find.
 
-    The first worker sets the key; a worker whose broker connection restarts and finds the key
-    gone (or replaced) knows the queues went with it and tells the engine.
+    The first worker sets the key; a worker whose broker connection restarts and finds the key gone (or
+    replaced) knows the queues went with it and tells the engine.
     """
 
-    KEY = "batchwork:broker-epoch"
-
-    def __init__(self) -> None:
-        self.epoch: bytes | str | None = None
+    def __init__(self, client: Any, key: str) -> None:
+        self.client = client
+        self.key = key
+        self.epoch: bytes | None = None
 
     def check(self, engine: Engine) -> None:
-        client = broker_redis(get_settings().broker_url)
-        if client is None:
-            return  # not Redis (the in-memory broker of the embedded run)
         try:
-            client.set(self.KEY, uuid.uuid4().hex, nx=True)
-            epoch = client.get(self.KEY)
+            self.client.set(self.key, uuid.uuid4().hex, nx=True)
+            epoch = self.client.get(self.key)
         except Exception as exc:
             log.warning("could not read the broker epoch: %s", exc)
             return
@@ -100,42 +60,84 @@ class BrokerEpoch:
 class BatchingStep(bootsteps.StartStopStep):
     """Runs one engine per worker process, across consumer restarts (a broker reconnect)."""
 
-    requires = ("celery.worker.consumer.events:Events",)
+    # After the task consumer exists (its channel fetches and acks) and the event dispatcher too. Messages
+    # reach the engine only once the event loop runs, after every step has started.
+    requires = ("celery.worker.consumer.events:Events", "celery.worker.consumer.tasks:Tasks")
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         consumer.batchwork_engine = None
-        self.acks = LoopAcks()
-        self.epoch = BrokerEpoch()
+        self.settings = get_settings()
+        self.outbox = Outbox()
+        self.redis = _broker_redis(self.settings)
+        self.epoch = None if self.redis is None else BrokerEpoch(self.redis, Keys.of(self.settings).epoch)
 
     def start(self, consumer: Any) -> None:
-        self.acks.attach(consumer.hub)
-        if consumer.batchwork_engine is not None:
-            self.epoch.check(consumer.batchwork_engine)  # a restart: did the broker lose data?
-            return
-        from worker.models.device import resolve_device
-
-        settings = get_settings()
-        engine = Engine(
-            settings,
-            ResultStore.from_url(settings.database_url),
-            self.acks,
-            CeleryTaskEvents(consumer),
-            device=resolve_device(settings.device),
-            worker_name=consumer.hostname or socket.gethostname(),
-        )
-        engine.start(preload=settings.preload)
-        consumer.batchwork_engine = engine
-        self.epoch.check(engine)
-        if consumer.hub is not None:
-            self.acks.on_tick.append(IntakeThrottle(consumer, engine.holdings, settings.max_held_items))
-            self.acks.on_tick.append(
-                LeaseRenewal(consumer, engine.holdings, settings.visibility_timeout_s / 4)
-            )
-        log.info("batchwork engine ready on %s", engine.device)
+        channel = consumer.task_consumer.channel
+        self.outbox.attach(consumer.hub, channel, lambda: getattr(consumer, "event_dispatcher", None))
+        engine = consumer.batchwork_engine
+        if engine is None:
+            engine = consumer.batchwork_engine = self._start_engine(consumer)
+            self.outbox.on_tick.append(self._lease_renewal(consumer, engine))
+        if self.epoch is not None:
+            self.epoch.check(engine)  # at a restart: did the broker lose its data?
+        self._gate(channel, engine)
 
     def shutdown(self, consumer: Any) -> None:
         engine = consumer.batchwork_engine
         if engine is not None:
-            engine.stop(finish_waiting=False)
-            self.acks.flush()
+            engine.stop()
+            self.outbox.flush()
             consumer.batchwork_engine = None
+
+    def _start_engine(self, consumer: Any) -> Engine:
+        from worker.models.device import resolve_device
+
+        settings = self.settings
+        engine = Engine(
+            settings,
+            ResultStore.from_url(settings.database_url),
+            self.outbox,
+            device=resolve_device(settings.device),
+            worker_name=consumer.hostname or socket.gethostname(),
+            journal=None if self.redis is None else Journal(self.redis, Keys.of(settings)),
+        )
+        engine.start(preload=settings.preload)
+        log.info("batchwork engine ready on %s", engine.device)
+        return engine
+
+    def _lease_renewal(self, consumer: Any, engine: Engine) -> LeaseRenewal:
+        timeout_s = self.settings.visibility_timeout_s
+        # The channel is looked up at every renewal: a reconnect brings a new one.
+        channel = _CurrentChannel(consumer)
+        return LeaseRenewal(channel, engine.holdings, timeout_s / 4, engine.stalled_s, timeout_s)
+
+    def _gate(self, channel: Any, engine: Engine) -> None:
+        if not hasattr(channel, "fetch"):
+            return  # not batchwork's Redis transport (the in-memory broker of the embedded run)
+        keys = Keys.of(self.settings)
+        throttled = {keys.queue(priority): priority for priority in PRIORITIES[1:]}
+        # An eighth of the prefetch window stays free for urgent messages whatever bulk holds.
+        reserve = self.settings.prefetch_count // 8
+        channel.fetch_gate = IntakeThrottle(
+            engine.holdings, self.settings.max_held_items, throttled, reserve, engine.stalled_s
+        )
+
+
+class _CurrentChannel:
+    """The consumer's task channel as it is now (a reconnect replaces it)."""
+
+    def __init__(self, consumer: Any) -> None:
+        self._consumer = consumer
+
+    def renew_leases(self, tags: list[str]) -> None:
+        channel = self._consumer.task_consumer.channel
+        if hasattr(channel, "renew_leases"):
+            channel.renew_leases(tags)
+
+
+def _broker_redis(settings: Settings) -> Any:
+    if settings.embedded:
+        return None
+    from worker.broker.producer import broker_redis
+
+    return broker_redis(settings.broker_url)

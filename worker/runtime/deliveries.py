@@ -1,40 +1,30 @@
-"""What the engine's threads pass each other: deliveries (messages), slots, writes, and holdings.
+"""What the engine's threads pass each other: deliveries (messages), slots, the store's three kinds of work,
+and the bookkeeping of what a worker holds.
 
-Plain values and the bookkeeping of what a worker holds; no threads are started here and nothing
-here talks to the broker or the database.
+Plain values; no threads are started here and nothing here talks to the broker or the database.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
 from worker.calls import InferCall
-from worker.store.results import BatchRecord, ItemOutcome, JobSpec, TokenCount
+from worker.store.values import BatchRecord, ItemOutcome, JobSpec, TokenCount
 
 
 class Message(Protocol):
     """The part of a kombu message the engine uses."""
 
     headers: dict[str, Any]
+    properties: dict[str, Any]
+    delivery_tag: Any
 
     def decode(self) -> Any: ...
-
-
-class Acks(Protocol):
-    def ack(self, messages: Sequence[Message]) -> None: ...
-
-
-class TaskEvents(Protocol):
-    """Celery task events, so Flower shows each message as a task."""
-
-    def received(self, delivery: Delivery) -> None: ...
-    def started(self, delivery: Delivery) -> None: ...
-    def finished(self, delivery: Delivery) -> None: ...
 
 
 @dataclass(eq=False)
@@ -53,6 +43,12 @@ class Delivery:
     def task_id(self) -> str:
         return str(self.message.headers.get("id"))
 
+    @property
+    def lost(self) -> int:
+        """How often a worker holding this message vanished before acknowledging it (0: a first delivery)."""
+        lost = self.message.properties.get("batchwork_lost", 0)
+        return lost if isinstance(lost, int) else 0
+
     @cached_property
     def job(self) -> JobSpec:
         assert self.call is not None
@@ -61,23 +57,27 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class Slot:
-    """What the engine keeps of an item while it waits: its message, the user's id, its payload."""
+    """What the engine keeps of an item while it waits: its message, the user's id, its payload; whether it
+    belongs to a message whose earlier worker died (a suspect, journaled before it runs), and whether it must
+    run alone (see runtime/journal.py)."""
 
     delivery: Delivery
     item_id: str | None
     payload: Any
+    suspect: bool = False
+    isolated: bool = False
+
+
+# The store thread's work: one of these three per hand-over.
 
 
 @dataclass
-class Write:
-    """Outcomes for the store thread: ``deliveries[i]`` owes ``outcomes[i]``. Or, alone, running items'
-    token counts (``tokens``): a progress report, which acknowledges nothing."""
+class Outcomes:
+    """Items' outcomes, ``deliveries[i]`` owing ``outcomes[i]``; with the batch that produced them, if any."""
 
-    record: BatchRecord | None
+    record: BatchRecord | None = None
     outcomes: list[ItemOutcome] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
-    degraded: bool = False  # outputs replaced by errors after the database refused them
-    tokens: list[TokenCount] = field(default_factory=list)
 
     def add(self, outcome: ItemOutcome, delivery: Delivery) -> None:
         self.outcomes.append(outcome)
@@ -86,14 +86,32 @@ class Write:
     @property
     def jobs(self) -> list[JobSpec]:
         """The jobs of these outcomes, once each (the store creates any job row still missing)."""
-        return list(dict.fromkeys(delivery.job for delivery in self.deliveries if delivery.call is not None))
+        return list(dict.fromkeys(delivery.job for delivery in self.deliveries))
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A message that cannot run at all (it is not a valid call): its job fails with ``error``."""
+
+    delivery: Delivery
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenReport:
+    """Running items' token counts: progress only, best effort; it acknowledges nothing."""
+
+    counts: list[TokenCount]
+
+
+StoreWork = Outcomes | Refusal | TokenReport
 
 
 class Holdings:
     """What the worker holds: unacknowledged deliveries, and items not yet stored by priority and job.
 
-    Read by the consumer's thread (throttle, leases) and the run thread (cancel checks), changed by
-    the prepare and store threads; one lock keeps the counts whole.
+    Read by the consumer's thread (throttle, leases) and the watch thread (cancel checks), changed by the
+    prepare and store threads; one lock keeps the counts whole.
     """
 
     def __init__(self) -> None:
@@ -101,6 +119,7 @@ class Holdings:
         self._deliveries: set[Delivery] = set()
         self._by_priority: Counter[str] = Counter()
         self._by_job: Counter[str] = Counter()
+        self._message_items: dict[str, int] = {}  # per priority: the items of the last message taken
 
     def received(self, delivery: Delivery) -> None:
         with self._lock:
@@ -109,6 +128,8 @@ class Holdings:
     def hold(self, job: InferCall | JobSpec, count: int) -> None:
         """``count`` more (or, negative, fewer) items of ``job`` are waiting to be stored."""
         with self._lock:
+            if count > 0:
+                self._message_items[job.priority] = count
             self._by_priority[job.priority] += count
             self._by_job[job.job_id] += count
             if self._by_job[job.job_id] <= 0:
@@ -120,6 +141,10 @@ class Holdings:
 
     def items(self, priority: str) -> int:
         return self._by_priority[priority]
+
+    def message_items(self, priority: str) -> int | None:
+        """How many items the last message of this priority held (None before the first)."""
+        return self._message_items.get(priority)
 
     def jobs(self) -> list[str]:
         with self._lock:

@@ -23,12 +23,16 @@ def embedded_worker(app: Any, timeout_s: float = 120.0) -> Iterator[Any]:
         without_gossip=True,
         loglevel="WARNING",
     )
+    from worker.celery_app import IN_PROCESS_WORKER
+
     thread = threading.Thread(target=worker.start, name="batchwork-embedded-worker", daemon=True)
     thread.start()
     try:
         _wait_for_engine(worker, thread, timeout_s)
+        IN_PROCESS_WORKER.set()
         yield worker
     finally:
+        IN_PROCESS_WORKER.clear()
         worker.stop(in_sighandler=False)
         thread.join(timeout_s)
 

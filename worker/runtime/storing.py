@@ -1,7 +1,11 @@
-"""The store thread: commit each write in one transaction, then acknowledge what is complete.
+"""The store thread: commit outcomes in one transaction per group of batches, then hand what is complete to
+the outbox for acknowledging.
 
-Nothing is acknowledged that is not committed: a database that is down is waited for, with
-backoff. It must never run models or touch the scheduler.
+Nothing is acknowledged that is not committed. A failure that waiting cures (the database down) is retried
+with backoff; any other is this data's fault: the write is split, as the runner splits a failing batch, until
+the items the database refuses are found. Each of those is stored as an error instead (or, if even that is
+refused, logged and let go), the rest are stored, and every message is acknowledged: nothing a message
+carries can stop this thread. It never runs models or touches the scheduler.
 """
 
 from __future__ import annotations
@@ -11,143 +15,227 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from functools import partial
 
-from worker.runtime.deliveries import Acks, Delivery, Holdings, Message, TaskEvents, Write
+from worker.calls import job_id_of
+from worker.errors import InvalidInput
+from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal, StoreWork, TokenReport
+from worker.runtime.journal import Journal
+from worker.runtime.outbox import Outbox, Settled
 from worker.runtime.runner import describe
 from worker.store.db import is_transient
-from worker.store.results import ItemOutcome, JobSpec, ResultStore
+from worker.store.results import ResultStore
+from worker.store.values import ItemOutcome, JobSpec
 
 log = logging.getLogger(__name__)
 
 MAX_GROUP = 64  # writes committed in one transaction at most
+MAX_BACKOFF_S = 5.0
+
+
+class Stopping(Exception):
+    """The worker is stopping while the database refuses writes: what is not stored stays unacknowledged."""
 
 
 class Storer:
-    def __init__(self, store: ResultStore, acks: Acks, events: TaskEvents, holdings: Holdings) -> None:
+    def __init__(
+        self, store: ResultStore, outbox: Outbox, holdings: Holdings, journal: Journal | None = None
+    ) -> None:
         self.store = store
-        self.acks = acks
-        self.events = events
+        self.outbox = outbox
         self.holdings = holdings
-        self.writes: queue.SimpleQueue[Write | None] = queue.SimpleQueue()
+        self.journal = journal
+        self.work: queue.SimpleQueue[StoreWork | None] = queue.SimpleQueue()
+        self._failing_since: float | None = None
+        self._stopping = threading.Event()
+
+    def stalled_s(self) -> float:
+        """How long every write has failed for (0 while the store makes progress)."""
+        since = self._failing_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def stop(self) -> None:
+        """Stop retrying: a store that cannot write gives up, leaving its messages for another worker."""
+        self._stopping.set()
+        self.work.put(None)
 
     def loop(self) -> None:
-        """The thread's body; a None on ``writes`` ends it once everything before it is stored."""
-        while (write := self.writes.get()) is not None:
-            group, last = self._waiting_with(write)
-            self._commit_group(group)
-            for each in group:
-                self._settle(each)
+        """The thread's body; a None on ``work`` ends it once everything before it is stored."""
+        while (first := self.work.get()) is not None:
+            group, last = self._queued_with(first)
+            try:
+                self._store(group)
+            except Stopping:
+                log.warning(
+                    "stopping with %d writes not stored; their messages go back to the queue", len(group)
+                )
+                return
+            except Exception:  # a bug of ours: say so loudly, and keep storing what comes next
+                log.exception("could not store %d writes", len(group))
             if last:
                 return
 
-    def _waiting_with(self, first: Write) -> tuple[list[Write], bool]:
-        """``first`` and the writes queued behind it (small batches pay one commit); True if the end."""
+    def _queued_with(self, first: StoreWork) -> tuple[list[StoreWork], bool]:
+        """``first`` and the work queued behind it (small batches pay one commit); True if the end."""
         group = [first]
         while len(group) < MAX_GROUP:
             try:
-                write = self.writes.get_nowait()
+                work = self.work.get_nowait()
             except queue.Empty:
                 return group, False
-            if write is None:
+            if work is None:
                 return group, True
-            group.append(write)
+            group.append(work)
         return group, False
 
-    def _commit_group(self, group: list[Write]) -> None:
-        reports = [w for w in group if w.tokens]
+    def _store(self, group: list[StoreWork]) -> None:
+        reports = [w for w in group if isinstance(w, TokenReport)]
         if reports:
             self._record_tokens(reports)
-            group = [w for w in group if not w.tokens]
-        batches = [w for w in group if w.outcomes]
-        if len(batches) > 1:
-            try:
-                stored = self.store.write_batches([(w.record, w.outcomes, w.jobs) for w in batches])
-                self._note_redelivered(sum(stored), sum(len(w.outcomes) for w in batches))
-                group = [w for w in group if not w.outcomes]
-            except Exception as exc:
-                log.warning(
-                    "storing %d batches together failed (%s); storing them one by one", len(batches), exc
-                )
-        for write in group:
-            self._commit(write)
+        for refusal in (w for w in group if isinstance(w, Refusal)):
+            self._retrying(partial(self._refuse, refusal))
+        writes = [w for w in group if isinstance(w, Outcomes)]
+        if writes:
+            self._retrying(partial(self._commit, writes))
 
-    def _record_tokens(self, reports: list[Write]) -> None:
-        """Running items' token counts, the newest of each, once; best effort, never retried: the next
-        report (about a second later) says the same and more, and a result must not wait for one."""
-        counts = [count for report in reports for count in report.tokens]
+    def _retrying(self, attempt: Callable[[], None]) -> None:
+        """Run ``attempt`` until it sticks; only failures that waiting cures are retried."""
+        delay_s = 0.1
+        while True:
+            try:
+                attempt()
+                self._failing_since = None
+                return
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                if self._failing_since is None:
+                    self._failing_since = time.monotonic()
+                if self._stopping.is_set():
+                    raise Stopping from exc
+                log.warning("storing failed (%s); retrying in %.1f s", describe(exc), delay_s)
+                self._stopping.wait(delay_s)
+                delay_s = min(delay_s * 2, MAX_BACKOFF_S)
+
+    def _commit(self, writes: list[Outcomes]) -> None:
+        try:
+            stored = self.store.write_batches([(w.record, w.outcomes, w.jobs) for w in writes])
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            log.error(
+                "storing %d batches failed (%s); finding the outcomes the database refuses", len(writes), exc
+            )
+            for write in writes:
+                self._isolate(write)
+            return
+        _note_redelivered(sum(stored.new_rows), sum(len(w.outcomes) for w in writes))
+        _note_refused(stored.refused_jobs)
+        for write in writes:
+            self._settle(write, sorted(stored.new_jobs & {spec.job_id for spec in write.jobs}))
+
+    def _isolate(self, write: Outcomes) -> None:
+        """Store what the database takes of ``write``, halving until the refused outcomes are found."""
+        self._store_part(write, write.outcomes, with_record=True)
+        self._settle(write, [])
+
+    def _store_part(self, write: Outcomes, outcomes: Sequence[ItemOutcome], *, with_record: bool) -> None:
+        jobs = _jobs_of(write, outcomes)
+        try:
+            self.store.write_batch(write.record if with_record else None, outcomes, jobs)
+            return
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            error = exc
+        if len(outcomes) > 1:
+            middle = len(outcomes) // 2
+            self._store_part(write, outcomes[:middle], with_record=with_record)
+            self._store_part(write, outcomes[middle:], with_record=False)
+            return
+        self._store_refused(outcomes[0], jobs, with_record, error)
+
+    def _store_refused(
+        self, outcome: ItemOutcome, jobs: list[JobSpec], with_record: bool, error: Exception
+    ) -> None:
+        reason = f"could not store the output: {describe(error)}"[:2000]
+        attempts = [outcome.as_error(reason), outcome.as_error(reason, keep_id=False)]
+        if with_record:
+            attempts.insert(0, outcome)  # the batch record may have been what was refused
+        for attempt in attempts:
+            try:
+                self.store.write_batch(None, [attempt], jobs)
+                if attempt is not outcome:
+                    log.error("job %s item %d: stored as an error: %s", outcome.job_id, outcome.index, reason)
+                return
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+        log.error(
+            "job %s item %d cannot be stored at all (%s); let go", outcome.job_id[:40], outcome.index, reason
+        )
+
+    def _refuse(self, refusal: Refusal) -> None:
+        """A message that is not a valid call: its own job (if it names one that does not exist yet) fails."""
+        delivery = refusal.delivery
+        log.warning("message %s refused: %s", delivery.task_id[:80], refusal.error)
+        spec = _refused_job(delivery)
+        if spec is not None and not self.store.fail_new_job(spec, refusal.error):
+            log.warning(
+                "job %s already exists: the refused message %s leaves it alone", spec.job_id, delivery.task_id
+            )
+        self.holdings.acknowledged([delivery])
+        self.outbox.settle(Settled([delivery]))
+        self.outbox.event("task-failed", delivery, exception=refusal.error, traceback="")
+
+    def _record_tokens(self, reports: list[TokenReport]) -> None:
+        """Running items' token counts, once; best effort, never retried: the next report (about a second
+        later) says the same and more, and a result must not wait for one."""
+        counts = [count for report in reports for count in report.counts]
         try:
             self.store.record_tokens(counts)
         except Exception as exc:
             log.warning("could not record the token counts of %d running items: %s", len(counts), exc)
 
-    def _commit(self, write: Write) -> None:
-        """Store until it sticks: nothing is acknowledged that is not committed.
-
-        A database that is down is waited for. Anything else (an output the database refuses) is a
-        permanent failure of those outputs: they are stored as errors instead, so the items still end.
-        """
-        delay_s = 0.1
-        while True:
-            try:
-                self._write(write)
-                return
-            except Exception as exc:
-                if not is_transient(exc) and write.outcomes and not write.degraded:
-                    log.error(
-                        "storing %d outcomes failed (%s); storing them as errors", len(write.outcomes), exc
-                    )
-                    write.outcomes = [
-                        _as_error(o, f"could not store the output: {describe(exc)}") for o in write.outcomes
-                    ]
-                    write.degraded = True
-                    continue
-                log.warning(
-                    "storing %d outcomes failed (%s); retrying in %.1f s", len(write.outcomes), exc, delay_s
-                )
-                time.sleep(delay_s)
-                delay_s = min(delay_s * 2, 5.0)
-
-    def _write(self, write: Write) -> None:
-        if write.record is None and not write.outcomes:
-            self._store_refusal(write.deliveries[0])
-        else:
-            stored = self.store.write_batch(write.record, write.outcomes, write.jobs)
-            self._note_redelivered(stored, len(write.outcomes))
-
-    @staticmethod
-    def _note_redelivered(stored: int, outcomes: int) -> None:
-        if stored < outcomes:
-            # Redelivered messages: first writer wins, nothing is counted twice.
-            log.info("%d of %d outcomes were already stored", outcomes - stored, outcomes)
-
-    def _store_refusal(self, delivery: Delivery) -> None:
-        kwargs = _safe_kwargs(delivery.message)
-        job_id = str(kwargs.get("job_id") or delivery.task_id)
-        model = kwargs.get("model")
-        model = model if isinstance(model, str) else "?"
-        self.store.create_job(JobSpec(job_id, model, "normal", 0))
-        self.store.fail_job(job_id, delivery.error or "invalid message")
-
-    def _settle(self, write: Write) -> None:
+    def _settle(self, write: Outcomes, new_jobs: list[str]) -> None:
         done: list[Delivery] = []
         released: Counter[JobSpec] = Counter()
-        for delivery, outcome in zip(write.deliveries, write.outcomes, strict=False):
+        suspects: list[tuple[str, int]] = []
+        for delivery, outcome in zip(write.deliveries, write.outcomes, strict=True):
             delivery.pending -= 1
             released[delivery.job] += 1
             delivery.failed += outcome.error is not None
+            if delivery.lost:
+                suspects.append((outcome.job_id, outcome.index))
             if delivery.pending == 0:
                 done.append(delivery)
-        if not write.outcomes:
-            done = write.deliveries
         for job, count in released.items():
             self.holdings.hold(job, -count)
-        if done:
+        self._cleared(suspects)
+        if done or new_jobs:
             self.holdings.acknowledged(done)
-            self.acks.ack([d.message for d in done])
-            for delivery in done:
-                self.events.finished(delivery)
+            self.outbox.settle(Settled(done, new_jobs))
+        for delivery in done:
+            self._finished_event(delivery)
+
+    def _cleared(self, suspects: list[tuple[str, int]]) -> None:
+        if suspects and self.journal is not None:
+            try:
+                self.journal.stored(suspects)
+            except Exception as exc:  # a stale count only makes an item run alone once more
+                log.warning("could not clear the death counts of %d stored items: %s", len(suspects), exc)
+
+    def _finished_event(self, delivery: Delivery) -> None:
+        runtime = max(0.0, time.monotonic() - delivery.received_at)
+        items = len(delivery.call.inputs) if delivery.call else 0
+        self.outbox.event(
+            "task-succeeded",
+            delivery,
+            result=repr({"items": items, "failed": delivery.failed}),
+            runtime=runtime,
+        )
 
     def broker_lost_messages(self, grace_s: float) -> None:
         """The broker came back empty (restarted without persistence): what it held is gone.
@@ -178,15 +266,36 @@ class Storer:
                 time.sleep(5)
 
 
-def _as_error(outcome: ItemOutcome, error: str) -> ItemOutcome:
-    if outcome.error is not None:
-        return outcome
-    return ItemOutcome(outcome.job_id, outcome.index, outcome.item_id, error=error)
+def _jobs_of(write: Outcomes, outcomes: Sequence[ItemOutcome]) -> list[JobSpec]:
+    ids = {outcome.job_id for outcome in outcomes}
+    return [spec for spec in write.jobs if spec.job_id in ids]
 
 
-def _safe_kwargs(message: Message) -> dict[str, Any]:
+def _refused_job(delivery: Delivery) -> JobSpec | None:
+    """The job a refused message stands for: the job id it names, else its task id, if either is a job id."""
     try:
-        kwargs = message.decode()[1]
+        kwargs = delivery.message.decode()[1]
     except Exception:
-        return {}
-    return kwargs if isinstance(kwargs, dict) else {}
+        kwargs = {}
+    kwargs = kwargs if isinstance(kwargs, dict) else {}
+    model = kwargs.get("model")
+    model = model[:200] if isinstance(model, str) else "?"
+    for candidate in (kwargs.get("job_id"), delivery.task_id):
+        try:
+            return JobSpec(job_id_of(candidate), model, "normal", 0)
+        except InvalidInput:
+            continue
+    return None
+
+
+def _note_redelivered(stored: int, outcomes: int) -> None:
+    if stored < outcomes:
+        # Redelivered messages: first writer wins, nothing is counted twice.
+        log.info("%d of %d outcomes were already stored", outcomes - stored, outcomes)
+
+
+def _note_refused(jobs: frozenset[str]) -> None:
+    for job_id in sorted(jobs):
+        log.warning(
+            "outcomes for job %s not stored: their message names another model or total than the job", job_id
+        )

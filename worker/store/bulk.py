@@ -32,9 +32,11 @@ def check_dialect(name: str) -> None:
         raise ValueError(f"batchwork stores results in PostgreSQL or SQLite, not {name!r}")
 
 
-def insert_jobs(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    """Insert the job rows that do not exist yet; existing jobs are left untouched."""
-    conn.execute(_JOB_INSERTS[conn.dialect.name], rows)
+def insert_jobs(conn: Connection, rows: list[dict[str, Any]]) -> set[str]:
+    """Insert the job rows that do not exist yet and return their ids; existing jobs are left untouched."""
+    if not rows:
+        return set()
+    return set(conn.scalars(_JOB_INSERTS[conn.dialect.name], rows))
 
 
 def insert_results(
@@ -110,8 +112,10 @@ def _insert_results_sqlite(
 
 # Built once: constructing a statement per call costs more than a small batch's INSERT itself.
 _JOB_INSERTS = {
-    "postgresql": postgresql.insert(tables.jobs).on_conflict_do_nothing(index_elements=["id"]),
-    "sqlite": sqlite.insert(tables.jobs).on_conflict_do_nothing(index_elements=["id"]),
+    name: dialect.insert(tables.jobs)
+    .on_conflict_do_nothing(index_elements=["id"])
+    .returning(tables.jobs.c.id)
+    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
 }
 _POSTGRESQL_RESULTS = _postgresql_results_statement()
 _SQLITE_RESULTS = (

@@ -5,12 +5,16 @@ It knows URLs, drivers, JSON encoding and connection pragmas; it must never know
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
+
+from worker.errors import DatabaseUnavailable
 
 # Plain postgresql:// would load psycopg2, which batchwork does not install; psycopg 3 is the driver.
 _POSTGRES_DRIVERS = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg"}
@@ -64,7 +68,42 @@ def _set_sqlite_pragmas(dbapi_connection: Any, _connection_record: Any) -> None:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for failures that waiting cures (database down, connection dropped, lock busy)."""
-    if isinstance(exc, OperationalError | InterfaceError):
+    """True for failures that waiting cures: the database down, a connection dropped, a lock busy, or a
+    schema not migrated yet (``batchwork migrate`` cures it). Anything else is the data's fault: it never will
+    be."""
+    if isinstance(exc, OperationalError | InterfaceError) or is_missing_schema(exc):
         return True
     return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
+def is_missing_schema(exc: BaseException) -> bool:
+    """A table or column batchwork needs is not there: the database was never migrated, or not to head."""
+    code = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    if code in ("42P01", "42703"):  # PostgreSQL: undefined table, undefined column
+        return True
+    text = str(getattr(exc, "orig", exc))
+    return isinstance(exc, OperationalError | ProgrammingError) and (
+        "no such table" in text or "no such column" in text or "has no column named" in text
+    )
+
+
+def shown_url(url: str) -> str:
+    """A database URL as it may appear in a message: without its password."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@contextmanager
+def client_errors(url: str) -> Iterator[None]:
+    """Turn a database failure met by a user's command into one line that says what to do."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if is_missing_schema(exc):
+            raise DatabaseUnavailable(
+                f"the database {shown_url(url)} has no batchwork schema (or an old one): "
+                "run `batchwork migrate`"
+            ) from exc
+        if isinstance(exc, OperationalError | InterfaceError):
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+            raise DatabaseUnavailable(f"cannot reach the database {shown_url(url)}: {reason}") from exc
+        raise

@@ -1,140 +1,136 @@
 """ResultStore: jobs, per-item results and batch records in SQL, written one batch per transaction.
 
 It is the end of the flow (runner -> store -> poller) and must never import the runtime, the scheduler or
-a model; it takes plain values and gives plain values back.
+a model; it takes plain values and gives plain values back. What a user's command reads fails with one line
+(DatabaseUnavailable); what a worker writes fails with the driver's own error, which the storer classifies.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
-from operator import attrgetter
-from typing import Any
+from functools import lru_cache
+from pathlib import Path
 
-from sqlalchemy import (
-    Connection,
-    Engine,
-    Row,
-    Update,
-    and_,
-    bindparam,
-    case,
-    func,
-    insert,
-    or_,
-    select,
-    update,
+from sqlalchemy import Connection, Engine, case, func, insert, inspect, select, update
+from sqlalchemy.engine import make_url
+
+from worker.store import bulk, rows, tables
+from worker.store.db import client_errors, make_engine, shown_url
+from worker.store.values import (
+    FINISHED_STATES,
+    UNFINISHED_STATES,
+    BatchRecord,
+    BatchWrite,
+    ItemOutcome,
+    JobSpec,
+    JobStatus,
+    Stored,
+    TokenCount,
 )
 
-from worker.store import bulk, tables
-from worker.store.db import make_engine
-from worker.store.tables import UtcDateTime
-
-# A job in one of these states never changes state again (late or redelivered results still count).
-FINISHED_STATES = ("succeeded", "failed", "partial", "cancelled")
-UNFINISHED_STATES = ("queued", "running")
+__all__ = [
+    "FINISHED_STATES",
+    "UNFINISHED_STATES",
+    "BatchRecord",
+    "ItemOutcome",
+    "JobSpec",
+    "JobStatus",
+    "ResultStore",
+    "Stored",
+    "TokenCount",
+]
 
 # Rows per query when streaming a job's results: small enough to keep memory flat for a 1M-item job,
 # large enough that the round trips don't dominate.
 RESULTS_PAGE_SIZE = 2000
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """What the worker knows of a job from its messages: enough to create the job row if it is missing."""
-
-    job_id: str
-    model: str
-    priority: str
-    total: int
-
-
-@dataclass(frozen=True, slots=True)
-class ItemOutcome:
-    """The result of one item: its output, or the error that stopped it (never both, never neither)."""
-
-    job_id: str
-    index: int
-    item_id: str | None
-    output: Any = None
-    error: str | None = None
-    tokens: int | None = None  # tokens the model generated for it, for models that generate
-
-    def __post_init__(self) -> None:
-        if (self.output is None) == (self.error is None):
-            raise ValueError(
-                f"job {self.job_id} item {self.index}: set exactly one of output and error "
-                f"(output is {'None' if self.output is None else 'set'}, error is {self.error!r})"
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class BatchRecord:
-    """One forward pass: its model and lane, its size in items and tokens, and its timings."""
-
-    model: str
-    lane: str
-    size: int
-    real_tokens: int
-    padded_tokens: int
-    wait_ms: float
-    run_ms: float
-    started_at: datetime
-    worker: str
-
-
-BatchWrite = tuple["BatchRecord | None", Sequence["ItemOutcome"], Sequence["JobSpec"]]
-
-
-@dataclass(frozen=True, slots=True)
-class TokenCount:
-    """Tokens generated so far for one running item (a worker's report; the stored result's is final)."""
-
-    job_id: str
-    index: int
-    tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class JobStatus:
-    job_id: str
-    model: str
-    priority: str
-    state: str
-    total: int
-    done: int
-    failed: int
-    error: str | None
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    # Generation jobs only (None otherwise): tokens generated so far, by stored and by running items, and
-    # of those by the running ones (as last reported; 0 once the job has finished).
-    generated_tokens: int | None = None
-    running_tokens: int | None = None
+# How many of a failed job's most common errors status reports.
+TOP_ERRORS = 5
+_JOB = tables.jobs.c
+_JOB_COLUMNS = (
+    _JOB.id, _JOB.model, _JOB.priority, _JOB.state, _JOB.total, _JOB.done, _JOB.failed, _JOB.error,
+    _JOB.created_at, _JOB.started_at, _JOB.finished_at,
+)  # fmt: skip
+_INSERT_BATCH = insert(tables.batches).returning(tables.batches.c.id)
 
 
 class ResultStore:
     """Reads and writes jobs, results and batches through one Engine (PostgreSQL or SQLite)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, url: str | None = None):
         bulk.check_dialect(engine.dialect.name)
         self.engine = engine
+        self.url = url or engine.url.render_as_string(hide_password=False)
+        self._schema_checked = False
 
     @classmethod
     def from_url(cls, url: str) -> ResultStore:
-        return cls(make_engine(url))
+        return cls(make_engine(url), url)
+
+    @staticmethod
+    @lru_cache(maxsize=8)
+    def for_url(url: str) -> ResultStore:
+        """One store per database URL in a process (producers, pollers): its connections are reused."""
+        return ResultStore.from_url(url)
 
     def close(self) -> None:
         """Close the pooled connections (tests drop their schema afterwards; workers at shutdown)."""
         self.engine.dispose()
 
-    def create_job(self, spec: JobSpec) -> None:
-        """Record a queued job; a job that already exists is left as it is."""
+    def describe(self) -> str:
+        """Where this store looks, for a user (no password; says when a SQLite file is absent)."""
+        return f"{shown_url(self.url)} (no such file yet)" if self._absent() else shown_url(self.url)
+
+    def has_schema(self) -> bool:
+        """Do batchwork's tables exist here (is the database migrated)?"""
+        if self._absent():
+            return False
+        with client_errors(self.url), self.engine.connect() as conn:
+            names = set(inspect(conn).get_table_names())
+        return {table.name for table in tables.metadata.sorted_tables} <= names
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    def create_job(self, spec: JobSpec, *, create_schema: bool = False, state: str = "queued") -> bool:
+        """Record a job (queued, or e.g. cancelled); False when it already existed (it is left as it is).
+
+        ``create_schema``: a SQLite database without batchwork's tables is created and migrated first.
+        """
+        if create_schema:
+            self.ensure_sqlite_schema()
+        with client_errors(self.url), self.engine.begin() as conn:
+            return bool(bulk.insert_jobs(conn, [rows.job_row(spec, _utcnow(), state)]))
+
+    def fail_job(self, job_id: str, error: str) -> None:
+        """Mark a job failed as a whole (e.g. its submit could not publish); a finished job is left alone."""
+        self._finish(job_id, "failed", error)
+
+    def fail_new_job(self, spec: JobSpec, error: str) -> bool:
+        """Record a job that failed as a whole before any item ran (a refused message), unless a job with
+        its id already exists: a message never changes another job's state."""
+        row = {**rows.job_row(spec, _utcnow(), "failed"), "error": error}
         with self.engine.begin() as conn:
-            bulk.insert_jobs(conn, [_job_row(spec, _utcnow())])
+            return bool(bulk.insert_jobs(conn, [row]))
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a queued or running job; False when it is unknown or already finished."""
+        return False if self._absent() else self._finish(job_id, "cancelled", None)
+
+    def status(self, job_id: str) -> JobStatus | None:
+        """The job's state, counts and most common errors, or None for a job never recorded here."""
+        if self._absent():
+            return None
+        with client_errors(self.url), self.engine.connect() as conn:
+            row = conn.execute(select(*_JOB_COLUMNS).where(_JOB.id == job_id)).one_or_none()
+            if row is None:
+                return None
+            job = rows.job_status(row)
+            if job.failed:
+                job = replace(job, errors=_top_errors(conn, job_id))
+            return _with_tokens(conn, job)
+
+    # -- results --------------------------------------------------------------------------
 
     def write_batch(
         self, record: BatchRecord | None, outcomes: Sequence[ItemOutcome], jobs: Sequence[JobSpec]
@@ -144,11 +140,11 @@ class ResultStore:
         ``record`` is None for outcomes that never reached a model (inputs refused before batching); their
         rows get no batch_id. ``jobs`` must hold a JobSpec for every job in ``outcomes``: a job row missing
         so far is created from it. Outcomes already stored (a redelivered message) are skipped and not
-        counted again.
+        counted again; outcomes of a job whose row disagrees with its spec are not stored (``Stored``).
         """
-        return self.write_batches([(record, outcomes, jobs)])[0]
+        return self.write_batches([(record, outcomes, jobs)]).new_rows[0]
 
-    def write_batches(self, batches: Sequence[BatchWrite]) -> list[int]:
+    def write_batches(self, batches: Sequence[BatchWrite]) -> Stored:
         """Several batches as in ``write_batch``, in ONE transaction (small batches pay one commit)."""
         specs: dict[str, JobSpec] = {}
         for _, outcomes, jobs in batches:
@@ -156,47 +152,31 @@ class ResultStore:
             _check_specs(outcomes, mine)
             specs.update(mine)
         now = _utcnow()
-        # Jobs and items go in sorted order so two workers writing overlapping jobs (redelivery) take
-        # PostgreSQL's row locks in the same order and cannot deadlock.
-        job_rows = [_job_row(specs[job_id], now) for job_id in sorted(specs)]
         counts: list[int] = []
-        inserted_all: list[Any] = []
+        inserted_all: list[bulk.Row[str, str | None]] = []
         with self.engine.begin() as conn:
-            if job_rows:
-                bulk.insert_jobs(conn, job_rows)
+            new_jobs = bulk.insert_jobs(conn, [rows.job_row(specs[job_id], now) for job_id in sorted(specs)])
+            refused = _disagreeing(conn, [specs[j] for j in specs if j not in new_jobs])
             for record, outcomes, _ in batches:
-                batch_id = None if record is None else _insert_batch(conn, record)
-                inserted = bulk.insert_results(conn, _item_rows(outcomes), batch_id, now)
+                kept = [o for o in outcomes if o.job_id not in refused] if refused else outcomes
+                batch_id = (
+                    None if record is None else conn.execute(_INSERT_BATCH, asdict(record)).scalar_one()
+                )
+                inserted = bulk.insert_results(conn, rows.item_rows(kept), batch_id, now)
                 counts.append(len(inserted))
                 inserted_all.extend(inserted)
-            progress = _progress_by_job(inserted_all, now)
+            progress = rows.progress_by_job(inserted_all, now)
             if progress:
-                conn.execute(_PROGRESS, progress)
+                conn.execute(rows.PROGRESS, progress)
             finals = [o for _, outcomes, _ in batches for o in outcomes if o.tokens is not None]
-            bulk.upsert_generated_tokens(conn, _token_rows(finals, final=True, now=now))
-        return counts
+            finals = [o for o in finals if o.job_id not in refused]
+            bulk.upsert_generated_tokens(conn, rows.token_rows(finals, final=True, now=now))
+        return Stored(counts, frozenset(new_jobs), frozenset(refused))
 
     def record_tokens(self, counts: Sequence[TokenCount]) -> None:
         """Store running items' token counts (an item already stored keeps its final count)."""
         with self.engine.begin() as conn:
-            bulk.upsert_generated_tokens(conn, _token_rows(counts, final=False, now=_utcnow()))
-
-    def status(self, job_id: str) -> JobStatus | None:
-        """The job's state and counts, or None for a job never created."""
-        tokens = tables.generated_tokens.c
-        running = func.sum(case((tokens.final, 0), else_=tokens.tokens))
-        count_tokens = select(func.count(), func.sum(tokens.tokens), running).where(tokens.job_id == job_id)
-        with self.engine.connect() as conn:
-            row = conn.execute(select(tables.jobs).where(tables.jobs.c.id == job_id)).one_or_none()
-            if row is None:
-                return None
-            items, generated, in_flight = conn.execute(count_tokens).one()
-        job = _job_status(row)
-        if not items:
-            return job
-        if job.state in FINISHED_STATES:  # reports of runs that never stored a result no longer count
-            generated, in_flight = generated - in_flight, 0
-        return replace(job, generated_tokens=generated, running_tokens=in_flight)
+            bulk.upsert_generated_tokens(conn, rows.token_rows(counts, final=False, now=_utcnow()))
 
     def results(self, job_id: str) -> Iterator[ItemOutcome]:
         """The job's stored outcomes ordered by index, fetched a page at a time.
@@ -204,6 +184,8 @@ class ResultStore:
         Each page is its own short query (keyset on the primary key), so a slow reader of a 1M-item job
         holds neither a connection nor a transaction between pages.
         """
+        if self._absent():
+            return
         column = tables.results.c
         query = (
             select(column.item_index, column.item_id, column.output, column.error)
@@ -213,7 +195,7 @@ class ResultStore:
         )
         page_query = query
         while True:
-            with self.engine.connect() as conn:
+            with client_errors(self.url), self.engine.connect() as conn:
                 page = conn.execute(page_query).all()
             for index, item_id, output, error in page:
                 yield ItemOutcome(job_id, index, item_id, output, error)
@@ -221,30 +203,25 @@ class ResultStore:
                 return
             page_query = query.where(column.item_index > page[-1].item_index)
 
-    def fail_job(self, job_id: str, error: str) -> None:
-        """Mark a job failed as a whole (e.g. its submit could not publish); a finished job is left alone."""
-        self._finish(job_id, "failed", error)
-
-    def cancel(self, job_id: str) -> bool:
-        """Cancel a queued or running job; False when it is unknown or already finished."""
-        return self._finish(job_id, "cancelled", None)
-
     def recent_batches(self, job_id: str | None = None, limit: int = 20) -> list[BatchRecord]:
         """The newest batches first, all of them or only those that carried items of ``job_id``."""
+        if self._absent():
+            return []
         batch = tables.batches.c
         query = select(tables.batches).order_by(batch.started_at.desc(), batch.id.desc()).limit(limit)
         if job_id is not None:
             item = tables.results.c
             query = query.where(batch.id.in_(select(item.batch_id).where(item.job_id == job_id)))
-        with self.engine.connect() as conn:
-            rows = conn.execute(query).all()
-        return [_batch_record(row) for row in rows]
+        with client_errors(self.url), self.engine.connect() as conn:
+            found = conn.execute(query).all()
+        return [rows.batch_record(row) for row in found]
+
+    # -- what workers ask ---------------------------------------------------------------------
 
     def unfinished_jobs(self, created_before: datetime) -> list[JobSpec]:
         """Jobs still queued or running that were created before ``created_before``."""
-        job = tables.jobs.c
-        query = select(job.id, job.model, job.priority, job.total).where(
-            job.state.in_(UNFINISHED_STATES), job.created_at < created_before
+        query = select(_JOB.id, _JOB.model, _JOB.priority, _JOB.total).where(
+            _JOB.state.in_(UNFINISHED_STATES), _JOB.created_at < created_before
         )
         with self.engine.connect() as conn:
             return [JobSpec(*row) for row in conn.execute(query)]
@@ -256,59 +233,49 @@ class ResultStore:
             stored = set(conn.scalars(select(item.item_index).where(item.job_id == job_id)))
         return [index for index in range(total) if index not in stored]
 
+    def stored_indices(self, job_id: str, indices: Sequence[int]) -> set[int]:
+        """Which of these items of the job already have a stored outcome."""
+        item = tables.results.c
+        query = select(item.item_index).where(item.job_id == job_id, item.item_index.in_(list(indices)))
+        with self.engine.connect() as conn:
+            return set(conn.scalars(query))
+
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
         """Which of these jobs have been cancelled (the worker drops their waiting items)."""
         ids = list(job_ids)
         if not ids:
             return set()
-        job = tables.jobs.c
-        query = select(job.id).where(job.id.in_(ids), job.state == "cancelled")
+        query = select(_JOB.id).where(_JOB.id.in_(ids), _JOB.state == "cancelled")
         with self.engine.connect() as conn:
             return set(conn.scalars(query))
 
+    # -- inside -----------------------------------------------------------------------------
+
     def _finish(self, job_id: str, state: str, error: str | None) -> bool:
-        job = tables.jobs.c
         stmt = (
             update(tables.jobs)
-            .where(job.id == job_id, job.state.in_(UNFINISHED_STATES))
+            .where(_JOB.id == job_id, _JOB.state.in_(UNFINISHED_STATES))
             .values(state=state, error=error, finished_at=_utcnow())
         )
-        with self.engine.begin() as conn:
+        with client_errors(self.url), self.engine.begin() as conn:
             return conn.execute(stmt).rowcount == 1
 
+    def _absent(self) -> bool:
+        """A SQLite file that does not exist: reading it must not create it."""
+        parsed = make_url(self.url)
+        if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+            return False
+        return not Path(parsed.database).exists()
 
-def _progress_statement() -> Update:
-    """One job's counters bumped by its newly inserted rows, and its state moved forward (never back)."""
-    job = tables.jobs.c
-    done = job.done + bindparam("new_done")
-    failed = job.failed + bindparam("new_failed")
-    now = bindparam("now", type_=UtcDateTime())
-    # or_ rather than in_: an IN list is an "expanding" parameter, which executemany cannot take.
-    finished = or_(*(job.state == state for state in FINISHED_STATES))
-    complete = done + failed >= job.total
-    # Every right-hand side reads the row as it was before this UPDATE, on PostgreSQL and SQLite alike.
-    state = case(
-        (finished, job.state),
-        (~complete, "running"),
-        (failed == 0, "succeeded"),
-        (done == 0, "failed"),
-        else_="partial",
-    )
-    return (
-        update(tables.jobs)
-        .where(job.id == bindparam("job_key"))
-        .values(
-            done=done,
-            failed=failed,
-            state=state,
-            started_at=func.coalesce(job.started_at, now),
-            finished_at=case((and_(~finished, complete), now), else_=job.finished_at),
-        )
-    )
+    def ensure_sqlite_schema(self) -> None:
+        """A SQLite database gets batchwork's schema on first use (PostgreSQL: `batchwork migrate`)."""
+        if self._schema_checked or make_url(self.url).get_backend_name() != "sqlite":
+            return
+        if not self.has_schema():
+            from worker.store.schema import migrate
 
-
-_PROGRESS = _progress_statement()
-_INSERT_BATCH = insert(tables.batches).returning(tables.batches.c.id)
+            migrate(self.url)
+        self._schema_checked = True
 
 
 def _utcnow() -> datetime:
@@ -321,73 +288,42 @@ def _check_specs(outcomes: Sequence[ItemOutcome], specs: dict[str, JobSpec]) -> 
         raise ValueError(f"write_batch got outcomes of job(s) {sorted(missing)} without a JobSpec for them")
 
 
-def _insert_batch(conn: Connection, record: BatchRecord) -> int:
-    return conn.execute(_INSERT_BATCH, asdict(record)).scalar_one()
-
-
-def _job_row(spec: JobSpec, now: datetime) -> dict[str, Any]:
+def _disagreeing(conn: Connection, specs: list[JobSpec]) -> set[str]:
+    """Jobs whose row names another model or total than their messages: a message may not write into them."""
+    if not specs:
+        return set()
+    found = conn.execute(
+        select(_JOB.id, _JOB.model, _JOB.total).where(_JOB.id.in_([spec.job_id for spec in specs]))
+    )
+    stored = {job_id: (model, total) for job_id, model, total in found}
     return {
-        "id": spec.job_id,
-        "model": spec.model,
-        "priority": spec.priority,
-        "state": "queued",
-        "total": spec.total,
-        "done": 0,
-        "failed": 0,
-        "created_at": now,
+        spec.job_id
+        for spec in specs
+        if stored.get(spec.job_id, (spec.model, spec.total)) != (spec.model, spec.total)
     }
 
 
-def _item_rows(outcomes: Sequence[ItemOutcome]) -> list[dict[str, Any]]:
-    # Sorted for the lock order (see write_batch).
-    return [
-        {
-            "job_id": outcome.job_id,
-            "item_index": outcome.index,
-            "item_id": outcome.item_id,
-            "output": outcome.output,
-            "error": outcome.error,
-        }
-        for outcome in sorted(outcomes, key=attrgetter("job_id", "index"))
-    ]
+def _top_errors(conn: Connection, job_id: str) -> tuple[tuple[str, int], ...]:
+    item = tables.results.c
+    count = func.count().label("items")
+    query = (
+        select(item.error, count)
+        .where(item.job_id == job_id, item.error.is_not(None))
+        .group_by(item.error)
+        .order_by(count.desc(), item.error)
+        .limit(TOP_ERRORS)
+    )
+    return tuple((error, items) for error, items in conn.execute(query))
 
 
-def _token_rows(
-    counts: Iterable[ItemOutcome | TokenCount], *, final: bool, now: datetime
-) -> list[dict[str, Any]]:
-    # Sorted for the lock order (see write_batch).
-    rows = {
-        (count.job_id, count.index): {
-            "job_id": count.job_id,
-            "item_index": count.index,
-            "tokens": count.tokens,
-            "final": final,
-            "updated_at": now,
-        }
-        for count in counts
-    }
-    return [rows[key] for key in sorted(rows)]
-
-
-def _progress_by_job(inserted: bulk.Inserted, now: datetime) -> list[dict[str, Any]]:
-    """UPDATE parameters for each job that got new rows, in job id order (see write_batch)."""
-    done: Counter[str] = Counter()
-    failed: Counter[str] = Counter()
-    for job_id, error in inserted:
-        (done if error is None else failed)[job_id] += 1
-    return [
-        {"job_key": job_id, "new_done": done[job_id], "new_failed": failed[job_id], "now": now}
-        for job_id in sorted(done.keys() | failed.keys())
-    ]
-
-
-def _job_status(row: Row[Any]) -> JobStatus:
-    values = dict(row._mapping)
-    values["job_id"] = values.pop("id")
-    return JobStatus(**values)
-
-
-def _batch_record(row: Row[Any]) -> BatchRecord:
-    values = dict(row._mapping)
-    del values["id"]
-    return BatchRecord(**values)
+def _with_tokens(conn: Connection, job: JobStatus) -> JobStatus:
+    """Generated tokens so far, for a generation job: stored items' counts, plus running items' reports."""
+    tokens = tables.generated_tokens.c
+    running = func.sum(case((tokens.final, 0), else_=tokens.tokens))
+    query = select(func.count(), func.sum(tokens.tokens), running).where(tokens.job_id == job.job_id)
+    items, generated, in_flight = conn.execute(query).one()
+    if not items:
+        return job
+    if job.state in FINISHED_STATES:  # reports of runs that never stored a result no longer count
+        generated, in_flight = generated - in_flight, 0
+    return replace(job, generated_tokens=generated, running_tokens=in_flight)

@@ -1,0 +1,145 @@
+"""The checks every call and message passes: arguments, job ids, counts, item ids; no services needed."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from worker.calls import (
+    MAX_ITEM_ID_CHARS,
+    check_item,
+    check_items,
+    item_id,
+    job_id_of,
+    new_call,
+    parse_message,
+)
+from worker.errors import InvalidInput
+from worker.models.noop import Noop
+from worker.settings import Settings
+
+SETTINGS = Settings(max_items_per_job=100, max_input_chars=50)
+JOB = str(uuid.uuid4())
+
+
+def message(**kwargs: object) -> dict[str, object]:
+    return {"model": "noop", "inputs": ["a", "b"], "job_id": JOB, "offset": 0, "total": 2, **kwargs}
+
+
+def test_a_good_message_parses_into_its_call() -> None:
+    call = parse_message("task", message(priority="bulk", expires_at=1.5e9, created_at=1.4e9), SETTINGS)
+    assert (call.job_id, call.model, call.priority, call.offset, call.total) == (JOB, "noop", "bulk", 0, 2)
+    assert (call.expires_at, call.created_at) == (1.5e9, 1.4e9)
+
+
+def test_a_message_without_job_id_is_its_task_id() -> None:
+    task = str(uuid.uuid4())
+    assert parse_message(task, {"model": "noop", "inputs": ["a"]}, SETTINGS).job_id == task
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        (message(job_id="x" * 300), "job_id must be a UUID"),
+        (message(job_id=JOB.upper()), "job_id must be a UUID"),
+        (message(job_id=7), "job_id must be a UUID"),
+        (message(model="this:Zen"), "unknown model 'this:Zen'"),
+        (message(model=["noop"]), "unknown model ['noop']"),
+        (message(inputs="ab"), "argument 'inputs' must be a list"),
+        (message(inputs={"text": "a"}), "argument 'inputs' must be a list"),
+        (message(inputs=[]), "argument 'inputs' is empty"),
+        (message(priority="urgent"), "argument 'priority' must be one of high, normal, bulk"),
+        (message(offset=-1), "argument 'offset' must be a non-negative integer"),
+        (message(offset=True), "argument 'offset' must be a non-negative integer"),
+        (message(total=2**40), "argument 'total' must be a non-negative integer"),
+        (message(total=1), "items 0..1 lie beyond the job's total of 1"),
+        (message(offset=5, total=6), "items 5..6 lie beyond the job's total of 6"),
+        (message(total=101), "a job holds at most 100 items"),
+        (message(expires_at="soon"), "argument 'expires_at' must be a Unix time"),
+        (message(expires_at=float("nan")), "argument 'expires_at' must be a Unix time"),
+        (message(created_at=[1]), "argument 'created_at' must be a Unix time"),
+        (message(extra=1), "unknown argument(s) 'extra'"),
+        ("not kwargs", "keyword arguments are not an object"),
+    ],
+)
+def test_a_bad_message_is_refused_naming_the_argument(kwargs: object, fragment: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        parse_message(str(uuid.uuid4()), kwargs, SETTINGS)
+    assert fragment in str(caught.value)
+    assert len(str(caught.value)) < 400  # one line, whatever the message carried
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"model": "noop", "inputs": "a string"}, "argument 'inputs' must be a list"),
+        ({"model": "noop", "inputs": b"bytes"}, "argument 'inputs' must be a list"),
+        ({"model": "noop", "inputs": ["a"], "job_id": JOB}, "unknown argument(s) 'job_id'"),
+        ({"model": "noop", "inputs": ["a"], "total": 5}, "unknown argument(s) 'total'"),
+        ({"model": "noop", "inputs": ["a"], "deadline_s": 0}, "'deadline_s' must be a positive number"),
+        ({"model": "noop", "inputs": ["a"], "deadline_s": True}, "'deadline_s' must be a positive number"),
+        ({"model": "noop", "inputs": ["a"] * 101}, "a job holds at most 100 items"),
+        ({"inputs": ["a"]}, "unknown model None"),
+    ],
+)
+def test_a_bad_call_is_refused_naming_the_argument(kwargs: dict[str, object], fragment: str) -> None:
+    with pytest.raises(InvalidInput, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        new_call(JOB, kwargs, SETTINGS)
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        ({"id": "doc-1", "text": "a"}, "doc-1"),
+        ({"id": 7, "text": "a"}, "7"),
+        ({"text": "a"}, None),
+        ({"id": None, "text": "a"}, None),
+        ("plain text", None),
+        ({"id": "é" * MAX_ITEM_ID_CHARS, "text": "a"}, "é" * MAX_ITEM_ID_CHARS),
+    ],
+)
+def test_item_ids_are_strings_or_integers(item: object, expected: str | None) -> None:
+    assert item_id(0, item) == expected
+
+
+@pytest.mark.parametrize(
+    ("ident", "fragment"),
+    [
+        ("L" * (MAX_ITEM_ID_CHARS + 1), f"has {MAX_ITEM_ID_CHARS + 1} characters, over the limit"),
+        (True, "must be a string or an integer"),
+        (1.5, "must be a string or an integer"),
+        ({"a": 1}, "must be a string or an integer"),
+    ],
+)
+def test_an_item_id_the_store_cannot_keep_is_refused(ident: object, fragment: str) -> None:
+    with pytest.raises(InvalidInput, match=f"item 3: field 'id' {fragment}"):
+        check_item(Noop, 3, {"id": ident, "text": "a"}, SETTINGS)
+
+
+def test_a_model_check_that_breaks_fails_its_item_in_one_line() -> None:
+    class Broken(Noop):
+        @classmethod
+        def validate(cls, index: int, item: object, settings: Settings) -> object:
+            raise KeyError("surprise")
+
+    with pytest.raises(InvalidInput, match="item 2: the model's check failed: KeyError: 'surprise'"):
+        check_item(Broken, 2, "a", SETTINGS)
+
+
+def test_check_items_names_the_first_bad_item_by_its_index_in_the_job() -> None:
+    call = parse_message("t", message(inputs=["ok", "", "ok"], offset=10, total=20), SETTINGS)
+    with pytest.raises(InvalidInput) as caught:
+        check_items(call, SETTINGS)
+    assert caught.value.index == 11
+
+
+@given(st.text(max_size=60))
+def test_only_canonical_uuids_are_job_ids(text: str) -> None:
+    try:
+        assert job_id_of(text) == str(uuid.UUID(text)) == text
+    except (InvalidInput, ValueError):
+        with pytest.raises(InvalidInput):
+            job_id_of(text)

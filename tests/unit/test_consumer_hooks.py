@@ -1,0 +1,179 @@
+"""What runs on the consumer's thread, with fakes for the channel: the outbox's acks and events, lease
+renewal, the intake throttle, and the holdings they read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from worker.calls import InferCall
+from worker.runtime.deliveries import Delivery, Holdings
+from worker.runtime.outbox import IntakeThrottle, LeaseRenewal, Outbox, Settled
+
+QUEUES = {"q.normal": "normal", "q.bulk": "bulk"}
+
+
+@dataclass
+class FakeMessage:
+    delivery_tag: str
+    headers: dict[str, Any] = field(default_factory=dict)
+    properties: dict[str, Any] = field(default_factory=dict)
+    acked: bool = False
+
+    def decode(self) -> Any:
+        return (), {}, {}
+
+    def ack_log_error(self, logger: Any, errors: Any) -> None:
+        self.acked = True
+
+
+class FakeQoS:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, list[str]]] = []
+
+    def ack_many(self, tags: list[str], lost_ids: list[str], jobs: list[str]) -> None:
+        self.calls.append({"tags": list(tags), "lost_ids": list(lost_ids), "jobs": list(jobs)})
+
+
+class FakeChannel:
+    def __init__(self) -> None:
+        self.qos = FakeQoS()
+        self.renewed: list[list[str]] = []
+
+    def renew_leases(self, tags: list[str]) -> None:
+        self.renewed.append(tags)
+
+
+class FakeHub:
+    def __init__(self) -> None:
+        self.timers: list[tuple[float, Any]] = []
+
+    def call_repeatedly(self, interval: float, callback: Any) -> Any:
+        self.timers.append((interval, callback))
+        return self
+
+
+class FakeDispatcher:
+    enabled = True
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send(self, kind: str, **fields: Any) -> None:
+        self.sent.append((kind, fields))
+
+
+def delivery(tag: str, lost: int = 0) -> Delivery:
+    return Delivery(FakeMessage(tag, {"id": f"task-{tag}"}, {"batchwork_lost": lost}), 0.0)
+
+
+def call(priority: str, items: int, job: str = "j") -> InferCall:
+    return InferCall(job, "noop", ["x"] * items, priority, total=items)
+
+
+def test_the_outbox_acks_everything_settled_since_the_last_tick_in_one_call() -> None:
+    outbox, channel, dispatcher = Outbox(), FakeChannel(), FakeDispatcher()
+    outbox.attach(FakeHub(), channel, lambda: dispatcher)
+    first, second, lost = delivery("1"), delivery("2"), delivery("3", lost=2)
+    outbox.settle(Settled([first, second], new_jobs=["job-a"]))
+    outbox.settle(Settled([lost]))
+    outbox.event("task-succeeded", first, runtime=0.1)
+    assert channel.qos.calls == []  # nothing before the tick: the channel is the consumer thread's
+    outbox.tick()
+    assert channel.qos.calls == [{"tags": ["1", "2", "3"], "lost_ids": ["task-3"], "jobs": ["job-a"]}]
+    assert dispatcher.sent == [("task-succeeded", {"uuid": "task-1", "runtime": 0.1})]
+    outbox.tick()
+    assert len(channel.qos.calls) == 1  # nothing is acked twice
+
+
+def test_without_an_event_loop_the_outbox_acks_at_once() -> None:
+    outbox = Outbox()
+    outbox.attach(None, object(), lambda: None)  # the in-memory broker: plain message.ack
+    held = delivery("1")
+    outbox.settle(Settled([held]))
+    assert held.message.acked  # type: ignore[attr-defined]
+
+
+def test_a_failing_hook_does_not_stop_the_tick() -> None:
+    outbox, channel = Outbox(), FakeChannel()
+    outbox.attach(FakeHub(), channel, lambda: None)
+    ran = []
+    outbox.on_tick += [lambda: 1 / 0, lambda: ran.append(True)]
+    outbox.settle(Settled([delivery("1")]))
+    outbox.tick()
+    assert ran == [True] and channel.qos.calls
+
+
+def test_leases_of_every_held_message_are_renewed_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    holdings, channel, now = Holdings(), FakeChannel(), [100.0]
+    monkeypatch.setattr("worker.runtime.outbox.time.monotonic", lambda: now[0])
+    held = [delivery(str(i)) for i in range(5)]
+    for each in held:
+        holdings.received(each)
+    renew = LeaseRenewal(channel, holdings, every_s=7.5, stalled_s=lambda: 0.0, limit_s=30)
+    renew()
+    assert channel.renewed == []  # not due yet
+    now[0] += 7.5
+    renew()
+    assert [sorted(tags) for tags in channel.renewed] == [["0", "1", "2", "3", "4"]]
+    holdings.acknowledged(held[:4])
+    now[0] += 7.5
+    renew()
+    assert channel.renewed[-1] == ["4"]
+
+
+def test_a_worker_whose_store_is_stalled_stops_renewing(monkeypatch: pytest.MonkeyPatch) -> None:
+    holdings, channel, now, stalled = Holdings(), FakeChannel(), [0.0], [31.0]
+    monkeypatch.setattr("worker.runtime.outbox.time.monotonic", lambda: now[0])
+    holdings.received(delivery("1"))
+    renew = LeaseRenewal(channel, holdings, every_s=1, stalled_s=lambda: stalled[0], limit_s=30)
+    now[0] += 1
+    renew()
+    assert channel.renewed == []  # its messages go to a worker that can store them
+    stalled[0], now[0] = 0.0, now[0] + 1
+    renew()
+    assert channel.renewed == [["1"]]
+
+
+def test_holdings_count_items_by_priority_and_job() -> None:
+    holdings = Holdings()
+    holdings.hold(call("bulk", 50, "a"), 50)
+    holdings.hold(call("bulk", 20, "b"), 20)
+    holdings.hold(call("bulk", 50, "a"), -50)
+    assert holdings.items("bulk") == 20 and holdings.jobs() == ["b"]
+    assert holdings.message_items("bulk") == 20 and holdings.message_items("high") is None
+
+
+def throttle(holdings: Holdings, limit: int = 1000, reserve: int = 8, stalled: float = 0.0) -> IntakeThrottle:
+    return IntakeThrottle(holdings, limit, QUEUES, reserve, lambda: stalled)
+
+
+def test_the_throttle_never_holds_back_high() -> None:
+    holdings = Holdings()
+    holdings.hold(call("bulk", 5000), 5000)
+    plan = throttle(holdings)(["q.high", "q.normal", "q.bulk"], 64)
+    assert plan == [("q.high", 64), ("q.normal", 1), ("q.bulk", 0)]
+
+
+def test_the_throttle_takes_as_many_messages_as_fit_under_the_item_bound() -> None:
+    holdings = Holdings()
+    holdings.hold(call("normal", 100), 100)  # messages of 100 items; 900 more fit
+    assert throttle(holdings)(["q.normal"], 256) == [("q.normal", 9)]
+    assert throttle(holdings)(["q.normal"], 12) == [("q.normal", 4)]  # 8 prefetch slots stay for high
+
+
+def test_the_throttle_pauses_at_the_bound_and_resumes_below_half() -> None:
+    holdings = Holdings()
+    gate = throttle(holdings)
+    holdings.hold(call("bulk", 1000), 1000)
+    assert gate(["q.bulk"], 100) == [("q.bulk", 0)]
+    holdings.hold(call("bulk", 1000), -400)
+    assert gate(["q.bulk"], 100) == [("q.bulk", 0)]  # 600 held: still above half
+    holdings.hold(call("bulk", 1000), -200)
+    assert gate(["q.bulk"], 100) == [("q.bulk", 1)]  # 400 held: resumed (one 1000-item message fits)
+
+
+def test_nothing_is_fetched_while_the_store_is_stalled() -> None:
+    assert throttle(Holdings(), stalled=3.0)(["q.high", "q.bulk"], 64) == []

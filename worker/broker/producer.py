@@ -1,0 +1,192 @@
+"""How producers enqueue: a call's messages (Celery's message format, JSON) and, for ``infer.delay``, the
+job's record, in one Redis round trip.
+
+Celery's own publish path costs a producer about as much as the whole round trip here, so batchwork writes the
+same messages Celery would (protocol 2, any Celery worker can read them) straight to the queue lists. A job
+enqueued with ``record_job`` is known to Redis until a worker records it in SQL (see ``PendingJobs``).
+Nothing here checks a call: callers have.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any
+
+import orjson
+import redis
+
+from worker.broker.keys import Keys
+from worker.calls import TASK_NAME, InferCall
+from worker.errors import BrokerUnavailable, InvalidInput
+
+# A message stays under this many bytes of items (and at most BATCHWORK_SUBMIT_CHUNK_SIZE items), so one large
+# input cannot make a message that blocks Redis, and a job of long texts still spreads across workers.
+MAX_MESSAGE_BYTES = 1 << 20
+# Messages sent in one pipeline at most: large submits go in several round trips of bounded size.
+PIPELINE_MESSAGES = 64
+# How long a job accepted by a producer stays known to Redis if no worker ever takes it.
+PENDING_JOB_TTL_S = 7 * 86400
+_EMBED = b'{"callbacks":null,"errbacks":null,"chain":null,"chord":null}'
+
+
+@lru_cache(maxsize=4)
+def broker_redis(url: str) -> redis.Redis:
+    """The process's own Redis client on the broker (one connection pool, reused by every call).
+
+    Never kombu's channel client: a worker's channel belongs to its consumer thread.
+    """
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=10)
+
+
+class Publisher:
+    """Sends calls as messages to the priority queues of one Redis broker."""
+
+    def __init__(self, url: str, keys: Keys, chunk_size: int) -> None:
+        self.url = url
+        self.keys = keys
+        self.chunk_size = chunk_size
+        self.client = broker_redis(url)
+        self._origin = f"{os.getpid()}@{socket.gethostname()}"
+
+    def enqueue(self, call: InferCall, *, task_id: str | None = None, record_job: bool = False) -> int:
+        """Send ``call``'s items as messages (the first with ``task_id``), with the job's record when asked;
+        returns how many messages. InvalidInput if an item is not JSON; BrokerUnavailable if Redis is not."""
+        queue = self.keys.queue(call.priority)
+        messages = self._messages(call, queue, task_id)
+        sent = 0
+        try:
+            pipe = self.client.pipeline(transaction=True)
+            if record_job:
+                pipe.hset(self.keys.job(call.job_id), mapping=_job_record(call))
+                pipe.expire(self.keys.job(call.job_id), PENDING_JOB_TTL_S)
+            for message in messages:
+                pipe.lpush(queue, message)
+                sent += 1
+                if len(pipe) >= PIPELINE_MESSAGES:
+                    pipe.execute()
+            pipe.execute()
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+        return sent
+
+    def _messages(self, call: InferCall, queue: str, task_id: str | None) -> Iterator[bytes]:
+        for offset, items in self._chunks(call):
+            kwargs = self._kwargs(call, offset, items)
+            yield self._message(
+                task_id if offset == 0 and task_id else str(uuid.uuid4()), queue, kwargs, call
+            )
+
+    def _chunks(self, call: InferCall) -> Iterator[tuple[int, list[bytes]]]:
+        """Each item's JSON, in groups of at most chunk_size items and about MAX_MESSAGE_BYTES."""
+        group: list[bytes] = []
+        size, start = 0, call.offset
+        for position, item in enumerate(call.inputs):
+            encoded = _json(item, call.offset + position)
+            if group and (len(group) >= self.chunk_size or size + len(encoded) > MAX_MESSAGE_BYTES):
+                yield start, group
+                group, size, start = [], 0, call.offset + position
+            group.append(encoded)
+            size += len(encoded)
+        yield start, group
+
+    @staticmethod
+    def _kwargs(call: InferCall, offset: int, items: list[bytes]) -> bytes:
+        fields = call.fields()
+        fields["offset"] = offset
+        head = orjson.dumps(fields)
+        return head[:-1] + b',"inputs":[' + b",".join(items) + b"]}"
+
+    def _message(self, task_id: str, queue: str, kwargs: bytes, call: InferCall) -> bytes:
+        body = b"[[]," + kwargs + b"," + _EMBED + b"]"
+        headers: dict[str, Any] = {
+            "lang": "py",
+            "task": TASK_NAME,
+            "id": task_id,
+            "shadow": None,
+            "eta": None,
+            "expires": None,
+            "group": None,
+            "group_index": None,
+            "retries": 0,
+            "timelimit": [None, None],
+            "root_id": task_id,
+            "parent_id": None,
+            "argsrepr": "()",
+            # What Flower shows for the task: a summary, never the inputs themselves.
+            "kwargsrepr": f"{{'model': {call.model!r}, 'job_id': {call.job_id!r}}}",
+            "origin": self._origin,
+            "ignore_result": True,
+            "replaced_task_nesting": 0,
+            "stamped_headers": None,
+            "stamps": {},
+        }
+        properties = {
+            "correlation_id": task_id,
+            "reply_to": None,
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        }
+        return orjson.dumps(
+            {
+                "body": base64.b64encode(body).decode(),
+                "content-encoding": "utf-8",
+                "content-type": "application/json",
+                "headers": headers,
+                "properties": properties,
+            }
+        )
+
+
+class PendingJobs:
+    """Jobs accepted by ``infer.delay`` that no worker has recorded in SQL yet, as Redis knows them.
+
+    The producer writes the record with the job's messages; the worker that first stores one of its items
+    creates the SQL row and then deletes the record. So a job is always in one of the two places (both for an
+    instant), and status reads SQL first and Redis second.
+    """
+
+    def __init__(self, url: str, keys: Keys) -> None:
+        self.keys = keys
+        self.client = broker_redis(url)
+        self.url = url
+
+    def get(self, job_id: str) -> dict[str, str] | None:
+        try:
+            record = self.client.hgetall(self.keys.job(job_id))
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+        return {_text(k): _text(v) for k, v in record.items()} or None
+
+    def forget(self, job_ids: list[str]) -> None:
+        if job_ids:
+            self.client.delete(*(self.keys.job(job_id) for job_id in job_ids))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _job_record(call: InferCall) -> dict[Any, Any]:
+    created = datetime.fromtimestamp(call.created_at or 0, UTC) if call.created_at else datetime.now(UTC)
+    return {
+        "model": call.model,
+        "priority": call.priority,
+        "total": call.total,
+        "created_at": created.isoformat(),
+    }
+
+
+def _json(item: Any, index: int) -> bytes:
+    try:
+        return orjson.dumps(item)
+    except TypeError as exc:
+        raise InvalidInput(f"the item is not a JSON value ({exc})", index) from None

@@ -1,0 +1,234 @@
+"""kombu's Redis transport, fetching many messages per round trip and holding them with leases, atomically.
+
+kombu's own Redis channel reads one message per BRPOP and only then records it as unacked, in a second
+round trip (a worker killed in between loses the message), acks with one pipeline per message, and restores
+expired messages under a lock that lives 300 s (a worker killed while holding it stops every restore for
+five minutes). Here one Lua script pops up to K messages across the priority queues and records them as
+held in the same step; acks, lease renewals and hand-backs go in one round trip for many messages; the
+restore sweep is one script, with no lock. Everything else (publishing, fanout for events and remote
+control, reconnects) is kombu's. Runs on the consumer's thread only, like every kombu channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import orjson
+from kombu.transport import redis as kombu_redis
+
+from worker.broker import scripts
+from worker.broker.keys import Keys
+
+log = logging.getLogger(__name__)
+
+# Messages taken per round trip at most (and never more than the prefetch window has room for).
+FETCH_LIMIT = 256
+# With nothing waiting, the fetch backs off from 1 ms, doubling, to this; a message arriving into an idle
+# worker waits at most this long in Redis. An idle worker costs Redis a trivial script this often.
+IDLE_FETCH_S = 0.02
+# Messages one restore sweep hands back at most.
+RESTORE_LIMIT = 1000
+
+
+class QoS(kombu_redis.QoS):
+    """Held messages: the fetch script records them in Redis, so ``append`` only keeps them in memory."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        kombu_redis.virtual.QoS.append(self, message, delivery_tag)
+
+    def ack(self, delivery_tag: str) -> None:
+        self.ack_many([delivery_tag])
+
+    def ack_many(
+        self,
+        delivery_tags: Iterable[str],
+        lost_ids: Iterable[str] = (),
+        jobs: Iterable[str] = (),
+    ) -> None:
+        """Forget these messages in one round trip: their items are stored, never to be handed back. With
+        them go their lost counts and the pending records of ``jobs`` now in SQL."""
+        tags, ids, job_keys = list(delivery_tags), list(lost_ids), [self.channel.keys.job(j) for j in jobs]
+        keys = self.channel.keys
+        with self.channel.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            if tags:
+                pipe.hdel(keys.unacked, *tags).zrem(keys.unacked_index, *tags)
+            if ids:
+                pipe.hdel(keys.lost, *ids)
+            if job_keys:
+                pipe.delete(*job_keys)
+            pipe.execute()
+        for tag in tags:
+            kombu_redis.virtual.QoS.ack(self, tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if requeue:
+            self.channel.hand_back([delivery_tag])
+        else:
+            self.ack_many([delivery_tag])
+            return
+        kombu_redis.virtual.QoS.ack(self, delivery_tag)
+
+    def restore_unacked(self, client: Any = None) -> None:
+        """At channel close (a worker stopping): hand back everything still held, in one round trip."""
+        self._flush()
+        tags = list(self._delivered)
+        self._delivered.clear()
+        if tags:
+            self.channel.hand_back(tags)
+
+    def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
+        """Hand back the messages whose lease ran out (their worker is gone); no lock, atomic per sweep."""
+        channel = self.channel
+        horizon = time.time() - channel.visibility_timeout
+        with channel.conn_or_acquire() as client:
+            restored = channel.script(client, "restore_expired")(
+                keys=[channel.keys.unacked, channel.keys.unacked_index, channel.keys.lost],
+                args=[horizon, RESTORE_LIMIT],
+            )
+        if restored:
+            log.warning("handed back %d messages whose worker stopped renewing their lease", restored)
+
+
+class Channel(kombu_redis.Channel):
+    QoS = QoS
+    # kombu copies these transport options onto the channel; mypy reads kombu's tuple as fixed-length.
+    from_transport_options = kombu_redis.Channel.from_transport_options + ("batchwork_prefix",)  # type: ignore[assignment]
+    batchwork_prefix = "batchwork"
+    # How many messages to fetch from each consumed queue now, given the room in the prefetch window (the
+    # worker's intake throttle); None: as many as there is room for, from any.
+    fetch_gate: Callable[[list[str], int], list[tuple[str, int]]] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.keys = Keys(self.batchwork_prefix)
+        self._scripts: dict[str, Any] = {}
+
+    def script(self, client: Any, name: str) -> Any:
+        source = {
+            "fetch": scripts.FETCH,
+            "restore": scripts.RESTORE,
+            "restore_expired": scripts.RESTORE_EXPIRED,
+        }
+        if name not in self._scripts:
+            self._scripts[name] = client.register_script(source[name])
+        return self._scripts[name]
+
+    def fetch(self) -> int:
+        """Take up to FETCH_LIMIT waiting messages (most urgent queue first) and deliver them; how many."""
+        room = self.qos.can_consume_max_estimate()
+        limit = FETCH_LIMIT if room is None else min(FETCH_LIMIT, room)
+        plan = [(queue, most) for queue, most in self._plan(limit) if most > 0]
+        if limit <= 0 or not plan:
+            return 0
+        queues, most = [queue for queue, _ in plan], [count for _, count in plan]
+        keys = [self.keys.unacked, self.keys.unacked_index, self.keys.lost, self.keys.delivery_tags, *queues]
+        with self.conn_or_acquire() as client:
+            taken = self.script(client, "fetch")(keys=keys, args=[time.time(), limit, *most])
+        for i in range(0, len(taken), 4):
+            tag, queue, raw, lost = taken[i : i + 4]
+            self._deliver_one(tag.decode(), queue.decode(), raw, int(lost))
+        return len(taken) // 4
+
+    def hand_back(self, tags: list[str]) -> None:
+        """Put held messages back at the head of their queues, for another worker (not counted as lost)."""
+        with self.conn_or_acquire() as client:
+            self.script(client, "restore")(
+                keys=[self.keys.unacked, self.keys.unacked_index, self.keys.lost], args=tags
+            )
+
+    def renew_leases(self, tags: list[str]) -> None:
+        """Restart the lease of every held message in one command (never re-adds an acked one)."""
+        if tags:
+            with self.conn_or_acquire() as client:
+                client.zadd(self.keys.unacked_index, dict.fromkeys(tags, time.time()), xx=True)
+
+    def _plan(self, limit: int) -> list[tuple[str, int]]:
+        """The consumed queues in priority order, with how many messages each may give now."""
+        consumed = set(self.active_queues)
+        queues = [queue for queue in self.keys.queues if queue in consumed]
+        queues += [queue for queue in self.active_queues if queue not in queues]
+        if self.fetch_gate is None:
+            return [(queue, limit) for queue in queues]
+        return self.fetch_gate(queues, limit)
+
+    def _deliver_one(self, tag: str, queue: str, raw: bytes, lost: int) -> None:
+        try:
+            payload = orjson.loads(raw)
+            payload["properties"]["delivery_tag"] = tag
+            payload["properties"]["batchwork_lost"] = lost
+        except (orjson.JSONDecodeError, TypeError, KeyError) as exc:
+            # Not a kombu message (something else pushed to our queue): nothing can run it; never hold it.
+            log.error("dropped a message in %s that is not a kombu message (%s): %r", queue, exc, raw[:200])
+            self.qos.ack_many([tag])
+            return
+        self.connection._deliver(payload, queue)
+
+    def _brpop_start(self, timeout: int | None = None) -> None:
+        """Never BRPOP: messages are taken by ``fetch``, which records them as held in the same step."""
+
+
+class Poller(kombu_redis.MultiChannelPoller):
+    """kombu's poller for fanout (events, remote control) without BRPOP; queues are fetched on a timer."""
+
+    def _register_BRPOP(self, channel: Any) -> None:
+        pass
+
+    def get(self, callback: Any, timeout: float | None = None) -> None:
+        # Without an event loop (drain_events), fetch here, then wait on the fanout connections as kombu does.
+        for channel in list(self._channels):
+            if channel.active_queues and channel.qos.can_consume() and channel.fetch():
+                return
+        super().get(callback, min(timeout, IDLE_FETCH_S) if timeout is not None else IDLE_FETCH_S)
+
+
+class Transport(kombu_redis.Transport):
+    Channel = Channel
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cycle: Poller = Poller()  # type: ignore[assignment]  # kombu types it as the base transport's
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        super().register_with_event_loop(connection, loop)
+        fetcher = getattr(self, "_fetcher", None)
+        if fetcher is not None:
+            fetcher.stop()  # a reconnect registers again: one fetch loop at a time
+        self._fetcher = Fetcher(self.cycle, loop)
+        self._fetcher.schedule(0)
+
+
+class Fetcher:
+    """Fetches on the event loop: again at once while messages keep coming, backing off while none do."""
+
+    def __init__(self, cycle: Poller, loop: Any) -> None:
+        self.cycle = cycle
+        self.loop = loop
+        self.idle_s = 0.0
+        self._timer: Any = None
+        self._stopped = False
+
+    def schedule(self, delay_s: float) -> None:
+        if not self._stopped:
+            self._timer = self.loop.call_later(delay_s, self.tick)
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def tick(self) -> None:
+        taken = 0
+        try:
+            for channel in list(self.cycle._channels):
+                if channel.active_queues and channel.qos.can_consume():
+                    taken += channel.fetch()
+        except Exception as exc:  # connection errors: kombu reconnects; try again after a pause
+            log.warning("fetching messages failed: %s", exc)
+            self.schedule(IDLE_FETCH_S)
+            raise
+        self.idle_s = 0.0 if taken else min(IDLE_FETCH_S, max(0.001, self.idle_s * 2))
+        self.schedule(self.idle_s)

@@ -1,0 +1,86 @@
+"""Celery's result API over the batchwork store: ``r = infer.delay(...)``; ``r.state``, ``r.ready()``,
+``r.get(timeout=...)``.
+
+A job maps to Celery's states: queued PENDING, running STARTED, succeeded SUCCESS (the outputs in input
+order), failed or partial FAILURE (a JobFailed naming the failed items, which still carries every output),
+cancelled REVOKED. Workers never write through this backend: results go to SQL with their batch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+from typing import Any
+
+from celery import states
+from celery.backends.base import BaseBackend
+
+from worker.errors import JobFailed, JobNotFound
+
+_STATES = {
+    "queued": states.PENDING,
+    "running": states.STARTED,
+    "succeeded": states.SUCCESS,
+    "failed": states.FAILURE,
+    "partial": states.FAILURE,
+    "cancelled": states.REVOKED,
+}
+
+
+class StoreBackend(BaseBackend):
+    """Reads jobs through ``worker.client.Client`` (SQL, and Redis for jobs no worker took yet)."""
+
+    def _get_task_meta_for(self, task_id: str) -> dict[str, Any]:
+        from worker.client import default_client
+
+        client = default_client()
+        try:
+            job = client.status(task_id)
+        except JobNotFound:
+            return _meta(task_id, states.PENDING)  # Celery's answer for an id it does not know
+        state = _STATES[job.state]
+        if state == states.SUCCESS:
+            return _meta(task_id, state, [r.output for r in client.results(task_id)], job.finished_at)
+        if state == states.FAILURE:
+            return _meta(
+                task_id, state, _failure(task_id, job.total, client.results(task_id)), job.finished_at
+            )
+        if state == states.REVOKED:
+            return _meta(task_id, state, JobFailed(f"job {task_id} was cancelled"), job.finished_at)
+        return _meta(task_id, state)
+
+    def store_result(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "batchwork workers store results in SQL with their batch, not through Celery"
+        )
+
+    def as_uri(self, include_password: bool = False) -> str:
+        return "batchwork-store://"
+
+
+def _meta(task_id: str, status: str, result: Any = None, done: datetime | None = None) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "status": status,
+        "result": result,
+        "traceback": None,
+        "children": [],
+        "date_done": done,
+    }
+
+
+def _failure(task_id: str, total: int, results: Any) -> JobFailed:
+    outputs: list[Any] = [None] * total
+    errors: dict[int, str] = {}
+    for result in results:
+        if result.error is None:
+            outputs[result.index] = result.output
+        else:
+            errors[result.index] = result.error
+    missing = total - len(errors) - sum(output is not None for output in outputs)
+    common = "; ".join(f"{count} × {error}" for error, count in Counter(errors.values()).most_common(3))
+    first = ", ".join(map(str, sorted(errors)[:10])) + (", ..." if len(errors) > 10 else "")
+    message = f"job {task_id}: {len(errors)} of {total} items failed (items {first}): {common}"
+    if missing > 0:
+        message += f"; {missing} have no result"
+    return JobFailed(message, outputs, errors)

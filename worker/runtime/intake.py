@@ -1,0 +1,187 @@
+"""The prepare thread: decode each message, check its items once, prepare them (tokenize) in one call, and
+queue them for batching.
+
+A message that is not a valid call is refused whole; an item the model cannot take ends with its own error;
+suspects (items of a message whose worker died) go to the isolated lane or end as errors past the delivery
+cap. It never runs a model's forward pass and never waits on the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from worker.batching.scheduler import Item, Scheduler
+from worker.calls import InferCall, check_item, item_id, parse_message
+from worker.errors import InvalidInput
+from worker.models.base import Model
+from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal, Slot
+from worker.runtime.journal import DEATHS_ERROR, Journal
+from worker.runtime.loaded_models import ISOLATED, LoadedModels
+from worker.runtime.outbox import Outbox
+from worker.runtime.runner import describe
+from worker.runtime.storing import Storer
+from worker.settings import Settings
+from worker.store.values import ItemOutcome
+
+log = logging.getLogger(__name__)
+
+
+class Intake:
+    def __init__(
+        self,
+        settings: Settings,
+        models: LoadedModels,
+        scheduler: Scheduler,
+        ready: threading.Condition,
+        storer: Storer,
+        outbox: Outbox,
+        holdings: Holdings,
+        journal: Journal | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.models = models
+        self.scheduler = scheduler
+        self.ready = ready  # guards the scheduler; notified when items were added
+        self.storer = storer
+        self.outbox = outbox
+        self.holdings = holdings
+        self.journal = journal
+        self.clock = clock
+        self.deliveries: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
+
+    def loop(self) -> None:
+        while (delivery := self.deliveries.get()) is not None:
+            try:
+                self.take(delivery)
+            except Exception:  # never let one message stop the intake
+                log.exception("could not take message %s", delivery.task_id[:80])
+                if delivery.call is None:
+                    self.storer.work.put(Refusal(delivery, "internal error while preparing the message"))
+
+    def take(self, delivery: Delivery) -> None:
+        call = self._parse(delivery)
+        if call is None:
+            return
+        delivery.call = call
+        delivery.pending = len(call.inputs)
+        self.holdings.hold(call, len(call.inputs))
+        summary = {"model": call.model, "job_id": call.job_id, "items": len(call.inputs)}
+        self.outbox.event(
+            "task-received", delivery, name="batchwork.infer", args="()", kwargs=repr(summary), retries=0
+        )
+        try:
+            model = self.models.get(call.model)
+        except Exception as exc:
+            log.error("model %s failed to load: %s", call.model, describe(exc))
+            self._fail(
+                delivery, range(len(call.inputs)), f"model {call.model!r} failed to load: {describe(exc)}"
+            )
+            return
+        positions, isolated = self._positions(delivery)
+        valid, checked, errors = self._check(model, delivery, positions)
+        if errors.outcomes:
+            self.storer.work.put(errors)
+        self._enqueue(delivery, model, valid, checked, isolated)
+
+    def _parse(self, delivery: Delivery) -> InferCall | None:
+        try:
+            args, kwargs, _embed = delivery.message.decode()
+            if args:
+                raise InvalidInput("infer takes keyword arguments only")
+            return parse_message(delivery.task_id, kwargs, self.settings)
+        except (InvalidInput, TypeError, ValueError) as exc:
+            self.storer.work.put(Refusal(delivery, f"invalid message: {exc}"[:2000]))
+            return None
+
+    def _positions(self, delivery: Delivery) -> tuple[list[int], set[int]]:
+        """The message's items to run, and of those the ones that must run alone (see journal.py)."""
+        call = delivery.call
+        assert call is not None
+        everything = list(range(len(call.inputs)))
+        if not delivery.lost or self.journal is None:
+            return everything, set()
+        deaths = self.journal.deaths(call.job_id, [call.offset + p for p in everything])
+        limit = self.settings.max_deliveries
+        spent = [p for p, count in zip(everything, deaths, strict=True) if count >= limit - 1]
+        for position in spent:
+            error = DEATHS_ERROR.format(deaths=deaths[position] + 1, limit=limit)
+            log.error("job %s item %d: %s", call.job_id, call.offset + position, error)
+            self._fail(delivery, [position], error)
+        # Alone once it has seen a death, or when its next death would be its last: a crash then names it.
+        alone = {
+            p
+            for p, count in zip(everything, deaths, strict=True)
+            if count < limit - 1 and (count or count == limit - 2)
+        }
+        return [p for p in everything if p not in spent], alone
+
+    def _check(
+        self, model: Model, delivery: Delivery, positions: list[int]
+    ) -> tuple[list[int], list[Any], Outcomes]:
+        """The positions whose items pass the model's check, what the check made of them, and the errors of
+        the rest."""
+        call = delivery.call
+        assert call is not None
+        valid, checked, errors = [], [], Outcomes()
+        cls = type(model)
+        for position in positions:
+            index, raw = call.offset + position, call.inputs[position]
+            try:
+                ready, _ = check_item(cls, index, raw, self.settings)
+            except InvalidInput as exc:
+                error = f"invalid input: {exc.detail}"
+                errors.add(ItemOutcome(call.job_id, index, _safe_id(index, raw), error=error), delivery)
+            else:
+                valid.append(position)
+                checked.append(ready)
+        return valid, checked, errors
+
+    def _enqueue(
+        self, delivery: Delivery, model: Model, positions: list[int], checked: list[Any], isolated: set[int]
+    ) -> None:
+        call = delivery.call
+        assert call is not None
+        if not positions:
+            return
+        try:
+            prepared = model.prepare(checked)
+            if len(prepared) != len(checked):
+                raise RuntimeError(f"prepare returned {len(prepared)} payloads for {len(checked)} items")
+        except Exception as exc:
+            self._fail(delivery, positions, f"could not prepare input: {describe(exc)}")
+            return
+        now, suspect = self.clock(), bool(delivery.lost)
+        with self.ready:
+            for position, ready in zip(positions, prepared, strict=True):
+                index = call.offset + position
+                alone = position in isolated
+                slot = Slot(delivery, _safe_id(index, call.inputs[position]), ready.payload, suspect, alone)
+                lane = ISOLATED if alone else call.priority
+                self.scheduler.add(call.model, lane, Item(call.job_id, index, ready.length, now, slot))
+            self.ready.notify()
+
+    def _fail(self, delivery: Delivery, positions: Iterable[int], error: str) -> None:
+        """Store ``error`` for these items of the delivery (they will not run)."""
+        call = delivery.call
+        assert call is not None
+        failed = Outcomes()
+        for position in positions:
+            index = call.offset + position
+            failed.add(
+                ItemOutcome(call.job_id, index, _safe_id(index, call.inputs[position]), error=error), delivery
+            )
+        if failed.outcomes:
+            self.storer.work.put(failed)
+
+
+def _safe_id(index: int, item: object) -> str | None:
+    """The item's user id, or None where the id itself is what is wrong with it."""
+    try:
+        return item_id(index, item)
+    except InvalidInput:
+        return None

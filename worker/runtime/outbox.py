@@ -1,0 +1,218 @@
+"""What runs on the consumer's own thread, on a 5 ms loop timer: acks, task events, leases, intake throttling.
+
+kombu channels (and Celery's event dispatcher) belong to the consumer's thread; the engine's threads put
+work in the outbox instead of touching them. One tick acknowledges everything stored since the last in one
+round trip, sends the task events, and renews every lease due in one command. Nothing here runs models or
+talks to the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.runtime.deliveries import Delivery, Holdings
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.005
+
+
+@dataclass
+class Settled:
+    """Deliveries whose items are all stored: to acknowledge, with what the broker may forget with them."""
+
+    deliveries: list[Delivery]
+    new_jobs: list[str] = field(default_factory=list)  # now in SQL: their pending records go
+
+
+class Outbox:
+    """Acks and events from any thread, carried out on the consumer's thread by ``tick``.
+
+    With an event loop (Redis) they wait for the 5 ms tick, which also keeps the loop from sleeping long.
+    Without one (the in-memory broker of the embedded run) acking and sending in place is safe and immediate.
+    """
+
+    def __init__(self, events: Any = None) -> None:
+        self._settled: deque[Settled] = deque()
+        self._events: deque[tuple[str, Delivery, dict[str, Any]]] = deque()
+        self._hub: Any = None
+        self._timer: Any = None
+        self._channel: Any = None
+        self._dispatcher: Callable[[], Any] | None = None
+        self.on_tick: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def attach(self, hub: Any, channel: Any, dispatcher: Callable[[], Any]) -> None:
+        """(Re)start with the consumer: a reconnect clears the loop's timers and brings a new channel."""
+        self._channel, self._dispatcher = channel, dispatcher
+        if hub is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._hub = hub
+        self._timer = hub.call_repeatedly(TICK_S, self.tick)
+
+    # -- from any thread ------------------------------------------------------------------
+
+    def settle(self, settled: Settled) -> None:
+        self._settled.append(settled)
+        if self._hub is None:
+            self.flush()
+
+    def event(self, kind: str, delivery: Delivery, **fields: Any) -> None:
+        self._events.append((kind, delivery, fields))
+        if self._hub is None:
+            self.flush()
+
+    # -- on the consumer's thread ----------------------------------------------------------
+
+    def tick(self) -> None:
+        self.flush()
+        for callback in self.on_tick:
+            try:
+                callback()
+            except Exception as exc:  # a hook's failure (e.g. Redis away) must not stop acks or the loop
+                log.warning("%s failed: %s", getattr(callback, "__name__", type(callback).__name__), exc)
+
+    def flush(self) -> None:
+        with self._lock:  # the embedded run flushes from the engine's threads
+            batch = _drain(self._settled)
+            events = _drain(self._events)
+            if batch:
+                self._ack(batch)
+            if events:
+                self._send(events)
+
+    def _ack(self, batch: list[Settled]) -> None:
+        deliveries = [d for settled in batch for d in settled.deliveries]
+        qos = getattr(self._channel, "qos", None)
+        if qos is None or not hasattr(qos, "ack_many"):
+            for delivery in deliveries:
+                delivery.message.ack_log_error(log, (Exception,))  # type: ignore[attr-defined]
+            return
+        tags = [d.message.delivery_tag for d in deliveries]
+        try:
+            qos.ack_many(
+                tags,
+                lost_ids=[d.task_id for d in deliveries if d.lost],
+                jobs=[job for settled in batch for job in settled.new_jobs],
+            )
+        except Exception as exc:  # stored already: a lost ack only means a redelivery, which stores nothing
+            log.warning("could not acknowledge %d messages: %s", len(tags), exc)
+        for delivery in deliveries:
+            delivery.message._state = "ACK"  # type: ignore[attr-defined]  # as Message.ack would mark it
+
+    def _send(self, events: list[tuple[str, Delivery, dict[str, Any]]]) -> None:
+        dispatcher = self._dispatcher() if self._dispatcher else None
+        if dispatcher is None or not dispatcher.enabled:
+            return  # send() itself skips task events unless the worker was asked for them
+        for kind, delivery, fields in events:
+            try:
+                dispatcher.send(kind, uuid=delivery.task_id, **fields)
+            except Exception as exc:  # events are for monitoring; never stall the work for them
+                log.debug("could not send %s: %s", kind, exc)
+
+
+class LeaseRenewal:
+    """Keeps the messages this worker holds from being handed back while it is alive and making progress.
+
+    A held message's lease is its score in the unacked index; the restore sweep hands back any message whose
+    lease is older than the visibility timeout. Renewing every held one every ``every_s`` turns that timeout
+    into a lease: a killed worker's messages return within ``visibility_timeout_s`` (plus one sweep), a live
+    worker's never do. A worker whose store has made no progress for a whole visibility timeout stops
+    renewing (and says so), so its messages go to a worker that can store them.
+    """
+
+    def __init__(
+        self, channel: Any, holdings: Holdings, every_s: float, stalled_s: Callable[[], float], limit_s: float
+    ) -> None:
+        self._channel = channel
+        self._holdings = holdings
+        self._every_s = every_s
+        self._stalled_s = stalled_s
+        self._limit_s = limit_s
+        self._renewed = time.monotonic()
+        self._warned = False
+
+    def __call__(self) -> None:
+        if time.monotonic() - self._renewed < self._every_s:
+            return
+        self._renewed = time.monotonic()
+        tags = [d.message.delivery_tag for d in self._holdings.deliveries()]
+        stalled = self._stalled_s()
+        if stalled > self._limit_s:
+            if not self._warned:
+                log.error(
+                    "the database has refused every write for %.0f s: no longer renewing the leases of %d "
+                    "messages, so other workers can take them", stalled, len(tags),
+                )  # fmt: skip
+                self._warned = True
+            return
+        self._warned = False
+        if tags and hasattr(self._channel, "renew_leases"):
+            self._channel.renew_leases(tags)
+
+
+class IntakeThrottle:
+    """How many messages the worker may fetch from each queue now (the transport's fetch gate).
+
+    Priority must hold in the broker too. Normal and bulk stop at ``max_held_items`` held items (resuming
+    below half), and a fetch takes no more of their messages than fits under that, judged by the size of
+    the last message of that priority (one message while none has been seen); they also leave part of the
+    prefetch window free, so an urgent message can always be fetched. High is never throttled. Nothing is
+    fetched while the store is stalled.
+    """
+
+    def __init__(
+        self,
+        holdings: Holdings,
+        max_held_items: int,
+        priority_of: dict[str, str],
+        reserve: int,
+        stalled_s: Callable[[], float],
+    ) -> None:
+        self._holdings = holdings
+        self._limit = max_held_items
+        self._priority_of = priority_of  # throttled queue name -> its priority (normal, bulk)
+        self._reserve = reserve  # prefetch slots kept for unthrottled (high) messages
+        self._stalled_s = stalled_s
+        self._paused: set[str] = set()
+
+    def __call__(self, queues: Sequence[str], room: int) -> list[tuple[str, int]]:
+        if self._stalled_s() > 0:
+            return []
+        plan = []
+        for queue in queues:
+            priority = self._priority_of.get(queue)
+            plan.append((queue, room if priority is None else self._allowed(queue, priority, room)))
+        return plan
+
+    def _allowed(self, queue: str, priority: str, room: int) -> int:
+        held = self._holdings.items(priority)
+        if held >= self._limit:
+            self._pause(queue, True)
+        elif held < self._limit // 2:
+            self._pause(queue, False)
+        if queue in self._paused:
+            return 0
+        size = self._holdings.message_items(priority)
+        messages = 1 if size is None else max(1, (self._limit - held) // max(1, size))
+        return max(0, min(messages, room - self._reserve))
+
+    def _pause(self, queue: str, paused: bool) -> None:
+        if paused != (queue in self._paused):
+            (self._paused.add if paused else self._paused.discard)(queue)
+            log.info("intake paused for: %s", ", ".join(sorted(self._paused)) or "none")
+
+
+def _drain(items: deque[Any]) -> list[Any]:
+    drained = []
+    while items:
+        drained.append(items.popleft())
+    return drained

@@ -1,0 +1,121 @@
+"""Rows in and out: the parameters of each statement the store runs, and values read back from rows.
+
+Pure translation between values (store/values.py) and table rows; no connection is opened here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from operator import attrgetter
+from typing import Any
+
+from sqlalchemy import Row, Update, and_, bindparam, case, func, or_, update
+
+from worker.store import bulk, tables
+from worker.store.tables import UtcDateTime
+from worker.store.values import FINISHED_STATES, BatchRecord, ItemOutcome, JobSpec, JobStatus, TokenCount
+
+
+def _progress_statement() -> Update:
+    """One job's counters bumped by its newly inserted rows, and its state moved forward (never back)."""
+    job = tables.jobs.c
+    done = job.done + bindparam("new_done")
+    failed = job.failed + bindparam("new_failed")
+    now = bindparam("now", type_=UtcDateTime())
+    # or_ rather than in_: an IN list is an "expanding" parameter, which executemany cannot take.
+    finished = or_(*(job.state == state for state in FINISHED_STATES))
+    complete = done + failed >= job.total
+    # Every right-hand side reads the row as it was before this UPDATE, on PostgreSQL and SQLite alike.
+    state = case(
+        (finished, job.state),
+        (~complete, "running"),
+        (failed == 0, "succeeded"),
+        (done == 0, "failed"),
+        else_="partial",
+    )
+    return (
+        update(tables.jobs)
+        .where(job.id == bindparam("job_key"))
+        .values(
+            done=done,
+            failed=failed,
+            state=state,
+            started_at=func.coalesce(job.started_at, now),
+            finished_at=case((and_(~finished, complete), now), else_=job.finished_at),
+        )
+    )
+
+
+PROGRESS = _progress_statement()
+
+
+def job_row(spec: JobSpec, now: datetime, state: str = "queued") -> dict[str, Any]:
+    return {
+        "id": spec.job_id,
+        "model": spec.model,
+        "priority": spec.priority,
+        "state": state,
+        "total": spec.total,
+        "done": 0,
+        "failed": 0,
+        "created_at": now,
+        "finished_at": None if state == "queued" else now,
+    }
+
+
+def item_rows(outcomes: Sequence[ItemOutcome]) -> list[dict[str, Any]]:
+    # Sorted so two workers writing overlapping jobs (redelivery) take PostgreSQL's row locks in the same
+    # order and cannot deadlock.
+    return [
+        {
+            "job_id": outcome.job_id,
+            "item_index": outcome.index,
+            "item_id": outcome.item_id,
+            "output": outcome.output,
+            "error": outcome.error,
+        }
+        for outcome in sorted(outcomes, key=attrgetter("job_id", "index"))
+    ]
+
+
+def token_rows(
+    counts: Iterable[ItemOutcome | TokenCount], *, final: bool, now: datetime
+) -> list[dict[str, Any]]:
+    # Sorted for the lock order (see item_rows).
+    rows = {
+        (count.job_id, count.index): {
+            "job_id": count.job_id,
+            "item_index": count.index,
+            "tokens": count.tokens,
+            "final": final,
+            "updated_at": now,
+        }
+        for count in counts
+    }
+    return [rows[key] for key in sorted(rows)]
+
+
+def progress_by_job(inserted: bulk.Inserted, now: datetime) -> list[dict[str, Any]]:
+    """UPDATE parameters for each job that got new rows, in job id order (see item_rows)."""
+    done: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
+    for job_id, error in inserted:
+        (done if error is None else failed)[job_id] += 1
+    return [
+        {"job_key": job_id, "new_done": done[job_id], "new_failed": failed[job_id], "now": now}
+        for job_id in sorted(done.keys() | failed.keys())
+    ]
+
+
+def job_status(row: Any) -> JobStatus:
+    values = dict(row._mapping)
+    values["job_id"] = values.pop("id")
+    return JobStatus(**values)
+
+
+def batch_record(row: Row[Any]) -> BatchRecord:
+    values = dict(row._mapping)
+    del values["id"]
+    return BatchRecord(**values)

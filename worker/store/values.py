@@ -1,0 +1,112 @@
+"""The plain values the store takes and gives back: jobs, item outcomes, batch records, token counts.
+
+Frozen dataclasses, no SQL; the runtime, the client and the API pass these across layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+# A job in one of these states never changes state again (late or redelivered results still count).
+FINISHED_STATES = ("succeeded", "failed", "partial", "cancelled")
+UNFINISHED_STATES = ("queued", "running")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What the worker knows of a job from its messages: enough to create the job row if it is missing."""
+
+    job_id: str
+    model: str
+    priority: str
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class ItemOutcome:
+    """The result of one item: its output, or the error that stopped it (never both, never neither)."""
+
+    job_id: str
+    index: int
+    item_id: str | None
+    output: Any = None
+    error: str | None = None
+    tokens: int | None = None  # tokens the model generated for it, for models that generate
+
+    def __post_init__(self) -> None:
+        if (self.output is None) == (self.error is None):
+            raise ValueError(
+                f"job {self.job_id} item {self.index}: set exactly one of output and error "
+                f"(output is {'None' if self.output is None else 'set'}, error is {self.error!r})"
+            )
+
+    def as_error(self, error: str, *, keep_id: bool = True) -> ItemOutcome:
+        """This item, ended with ``error`` instead (its output could not be stored); an error stays."""
+        if self.error is not None and keep_id:
+            return self
+        return ItemOutcome(
+            self.job_id, self.index, self.item_id if keep_id else None, error=self.error or error
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """One forward pass: its model and lane, its size in items and tokens, and its timings."""
+
+    model: str
+    lane: str
+    size: int
+    real_tokens: int
+    padded_tokens: int
+    wait_ms: float
+    run_ms: float
+    started_at: datetime
+    worker: str
+
+
+# One batch to store: its record (None for outcomes that never reached a model), its outcomes, and a JobSpec
+# for every job among them (a job row still missing is created from it).
+BatchWrite = tuple["BatchRecord | None", Sequence["ItemOutcome"], Sequence["JobSpec"]]
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What one transaction stored: the new result rows of each batch written, the job rows it created, and
+    the jobs whose outcomes it refused (their messages disagree with the job's model or total)."""
+
+    new_rows: list[int]
+    new_jobs: frozenset[str] = frozenset()
+    refused_jobs: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCount:
+    """Tokens generated so far for one running item (a worker's report; the stored result's is final)."""
+
+    job_id: str
+    index: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    job_id: str
+    model: str
+    priority: str
+    state: str
+    total: int
+    done: int
+    failed: int
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    # Generation jobs only (None otherwise): tokens generated so far, by stored and by running items, and
+    # of those by the running ones (as last reported; 0 once the job has finished).
+    generated_tokens: int | None = None
+    running_tokens: int | None = None
+    # The most common errors of its failed items, with how many items each, most common first.
+    errors: tuple[tuple[str, int], ...] = field(default=())
