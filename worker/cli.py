@@ -6,6 +6,7 @@ own errors, bad settings and Ctrl-C into lines. User text is printed as text, ne
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -42,7 +44,7 @@ def main() -> None:
     try:
         get_settings()
         app()
-    except ValidationError as exc:
+    except (ValidationError, SettingsError) as exc:
         _fail_line(_settings_error(exc))
     except BatchworkError as exc:
         _fail_line(str(exc))
@@ -56,7 +58,11 @@ def _fail_line(message: str) -> None:
     sys.exit(2)
 
 
-def _settings_error(exc: ValidationError) -> str:
+def _settings_error(exc: ValidationError | SettingsError) -> str:
+    if isinstance(exc, SettingsError):  # a value that is not the JSON its setting takes
+        field = re.search(r'field "(\w+)"', str(exc))
+        name = f"BATCHWORK_{field.group(1).upper()}" if field else "a BATCHWORK_ setting"
+        return f"bad setting {name}: not valid JSON ({exc.__cause__ or exc})"
     first = exc.errors()[0]
     name = "BATCHWORK_" + "__".join(str(part) for part in first["loc"]).upper()
     return f"bad setting {name}: {first['msg']} (got {str(first.get('input'))[:80]!r})"

@@ -77,6 +77,23 @@ class WorkerProcess:
                 self.proc.wait()
 
 
+def batchwork(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """The ``batchwork`` command run in ``cwd``; with no ``env``, on the embedded default (no settings)."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
+        env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
 @contextmanager
 def workers(env: dict[str, str], count: int = 1) -> Iterator[list[WorkerProcess]]:
     procs = [WorkerProcess(env, f"w{i}@test") for i in range(count)]
