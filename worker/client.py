@@ -7,7 +7,8 @@ Polling reads SQL only; nothing here talks to a worker.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 from uuid import uuid4
 
@@ -40,11 +41,19 @@ class Client:
         return job_store(self.settings.database_url)
 
     def submit(
-        self, model: str, inputs: Sequence[Any], priority: str = "normal", deadline_s: float | None = None
+        self,
+        model: str,
+        inputs: Sequence[Any],
+        priority: str = "normal",
+        deadline_s: float | None = None,
+        *,
+        tenant: str = "default",
+        metadata: Any = None,
     ) -> str:
         """Check all items, register the job, publish it; returns the job id.
 
-        With ``deadline_s``, items not started within that many seconds end as expired errors.
+        With ``deadline_s``, items not started within that many seconds end as expired errors. ``tenant``
+        and ``metadata`` (any JSON value) are stored with the job for the HTTP API.
         """
         job_id = str(uuid4())
         kwargs = {
@@ -55,23 +64,29 @@ class Client:
         }
         call = parse_call(job_id, kwargs, self.settings)
         check_items(call, self.settings)
-        self.store.create_job(JobSpec(job_id, call.model, call.priority, call.total))
+        self.store.create_job(
+            JobSpec(job_id, call.model, call.priority, call.total), tenant=tenant, metadata=metadata
+        )
         size = self.settings.submit_chunk_size
+        chunks = (
+            replace(call, inputs=call.inputs[offset : offset + size], offset=offset)
+            for offset in range(0, call.total, size)
+        )
+        self.publish_job(job_id, chunks)
+        return job_id
+
+    def publish_job(self, job_id: str, calls: Iterable[InferCall]) -> None:
+        """Send the messages of a job already checked and registered (the HTTP API's streamed submit too)."""
         published = 0
         try:
             with app.producer_or_acquire() as producer:
-                for offset in range(0, call.total, size):
-                    items = call.inputs[offset : offset + size]
-                    chunk = InferCall(
-                        job_id, call.model, items, call.priority, offset, call.total, call.expires_at
-                    )
-                    publish(chunk, str(uuid4()), producer)
+                for call in calls:
+                    publish(call, str(uuid4()), producer)
                     published += 1
         except Exception as exc:
             # Messages already sent still run; the job says why it cannot finish.
             self.store.fail_job(job_id, f"submit stopped after {published} messages: {exc}")
             raise
-        return job_id
 
     def status(self, job_id: str) -> JobStatus:
         status = self.store.status(job_id)

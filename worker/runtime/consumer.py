@@ -16,6 +16,7 @@ from celery import bootsteps
 from celery.utils.saferepr import saferepr
 
 from worker.calls import TASK_NAME
+from worker.runtime import metrics
 from worker.runtime.deliveries import Delivery, Message
 from worker.runtime.engine import Engine
 from worker.runtime.loop import IntakeThrottle, LeaseRenewal, LoopAcks, broker_redis
@@ -29,6 +30,7 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_options: Any) -> An
     """Celery calls this once per task type; the handler it returns runs for every message."""
 
     def on_message(message: Message, body: Any, ack: Any, reject: Any, callbacks: Any, **_: Any) -> None:
+        metrics.delivered(message)
         consumer.batchwork_engine.accept(message)
 
     return on_message
@@ -124,6 +126,7 @@ class BatchingStep(bootsteps.StartStopStep):
             worker_name=consumer.hostname or socket.gethostname(),
         )
         engine.start(preload=settings.preload)
+        metrics.serve(settings, engine.holdings, engine.models)
         consumer.batchwork_engine = engine
         self.epoch.check(engine)
         if consumer.hub is not None:

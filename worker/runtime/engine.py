@@ -24,6 +24,7 @@ from worker.batching.scheduler import Batch, Item, LaneKey, Scheduler
 from worker.calls import InferCall, parse_call
 from worker.models.base import InvalidInput, Model, StepModel
 from worker.models.registry import model_class
+from worker.runtime import metrics
 from worker.runtime.deliveries import Acks, Delivery, Holdings, Message, Slot, TaskEvents, Write
 from worker.runtime.runner import Report, describe, run_batch
 from worker.runtime.storing import Storer
@@ -324,6 +325,7 @@ class Engine:
             started_at=started_at,
             worker=self.worker_name,
         )
+        metrics.batch_ran(write.record, report)
         for item, slot, outcome in zip(batch.items, slots, report.outcomes, strict=True):
             write.add(
                 ItemOutcome(item.job_id, item.index, slot.item_id, outcome.output, outcome.error),

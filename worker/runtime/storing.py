@@ -14,6 +14,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
+from worker.runtime import metrics
 from worker.runtime.deliveries import Acks, Delivery, Holdings, Message, TaskEvents, Write
 from worker.runtime.runner import describe
 from worker.store.db import is_transient
@@ -131,6 +132,7 @@ class Storer:
         self.store.fail_job(job_id, delivery.error or "invalid message")
 
     def _settle(self, write: Write) -> None:
+        metrics.items_stored(write)
         done: list[Delivery] = []
         released: Counter[JobSpec] = Counter()
         for delivery, outcome in zip(write.deliveries, write.outcomes, strict=False):

@@ -7,7 +7,7 @@ a model; it takes plain values and gives plain values back.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from operator import attrgetter
@@ -114,6 +114,8 @@ class JobStatus:
     # of those by the running ones (as last reported; 0 once the job has finished).
     generated_tokens: int | None = None
     running_tokens: int | None = None
+    tenant: str = "default"
+    metadata: Any = None  # the submitter's JSON object, as given
 
 
 class ResultStore:
@@ -131,10 +133,11 @@ class ResultStore:
         """Close the pooled connections (tests drop their schema afterwards; workers at shutdown)."""
         self.engine.dispose()
 
-    def create_job(self, spec: JobSpec) -> None:
-        """Record a queued job; a job that already exists is left as it is."""
+    def create_job(self, spec: JobSpec, *, tenant: str = "default", metadata: Any = None) -> None:
+        """Record a queued job of ``tenant``; a job that already exists is left as it is."""
+        row = {**_job_row(spec, _utcnow()), "tenant": tenant, "metadata": metadata}
         with self.engine.begin() as conn:
-            bulk.insert_jobs(conn, [_job_row(spec, _utcnow())])
+            bulk.insert_jobs(conn, [row])
 
     def write_batch(
         self, record: BatchRecord | None, outcomes: Sequence[ItemOutcome], jobs: Sequence[JobSpec]
@@ -181,25 +184,29 @@ class ResultStore:
         with self.engine.begin() as conn:
             bulk.upsert_generated_tokens(conn, _token_rows(counts, final=False, now=_utcnow()))
 
-    def status(self, job_id: str) -> JobStatus | None:
-        """The job's state and counts, or None for a job never created."""
+    def status(self, job_id: str, tenants: Collection[str] | None = None) -> JobStatus | None:
+        """The job's state and counts, or None for a job never created (or, given ``tenants``, another
+        tenant's job: the filter is in the query, so another tenant's job is never even read)."""
         tokens = tables.generated_tokens.c
         running = func.sum(case((tokens.final, 0), else_=tokens.tokens))
         count_tokens = select(func.count(), func.sum(tokens.tokens), running).where(tokens.job_id == job_id)
+        query = select(tables.jobs).where(tables.jobs.c.id == job_id)
+        if tenants is not None:
+            query = query.where(tables.jobs.c.tenant.in_(list(tenants)))
         with self.engine.connect() as conn:
-            row = conn.execute(select(tables.jobs).where(tables.jobs.c.id == job_id)).one_or_none()
+            row = conn.execute(query).one_or_none()
             if row is None:
                 return None
             items, generated, in_flight = conn.execute(count_tokens).one()
-        job = _job_status(row)
+        job = job_status_of(row)
         if not items:
             return job
         if job.state in FINISHED_STATES:  # reports of runs that never stored a result no longer count
             generated, in_flight = generated - in_flight, 0
         return replace(job, generated_tokens=generated, running_tokens=in_flight)
 
-    def results(self, job_id: str) -> Iterator[ItemOutcome]:
-        """The job's stored outcomes ordered by index, fetched a page at a time.
+    def results(self, job_id: str, after: int = -1) -> Iterator[ItemOutcome]:
+        """The job's stored outcomes of index above ``after``, ordered by index, fetched a page at a time.
 
         Each page is its own short query (keyset on the primary key), so a slow reader of a 1M-item job
         holds neither a connection nor a transaction between pages.
@@ -211,7 +218,7 @@ class ResultStore:
             .order_by(column.item_index)
             .limit(RESULTS_PAGE_SIZE)
         )
-        page_query = query
+        page_query = query.where(column.item_index > after)
         while True:
             with self.engine.connect() as conn:
                 page = conn.execute(page_query).all()
@@ -381,7 +388,7 @@ def _progress_by_job(inserted: bulk.Inserted, now: datetime) -> list[dict[str, A
     ]
 
 
-def _job_status(row: Row[Any]) -> JobStatus:
+def job_status_of(row: Row[Any]) -> JobStatus:
     values = dict(row._mapping)
     values["job_id"] = values.pop("id")
     return JobStatus(**values)
