@@ -232,6 +232,74 @@ def migrate() -> None:
 
 
 @app.command()
+def api(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+) -> None:
+    """Serve the HTTP API and the jobs page (uvicorn) on the configured broker and database."""
+    settings = get_settings()
+    if settings.embedded:
+        raise fail("no broker configured: set BATCHWORK_BROKER_URL (e.g. redis://localhost:6379/0)")
+    import uvicorn
+
+    from api.app import create_app
+
+    # No access log: /metrics counts requests by route and status without a line per poll.
+    uvicorn.run(create_app(settings), host=host, port=port, access_log=False, log_level="info")
+
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys: create, list, revoke.")
+app.add_typer(keys_app, name="keys")
+
+
+def _keys() -> Any:
+    from worker.store.keys import KeyStore
+    from worker.tasks import job_store
+
+    return KeyStore(job_store(get_settings().database_url).engine)
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="whose jobs the key submits and sees")],
+    admin: Annotated[
+        bool, typer.Option(help="also see the jobs submitted from Python (tenant 'default')")
+    ] = False,
+) -> None:
+    """Make a key and print it once; only its hash is stored."""
+    from worker.store.keys import InvalidTenant
+
+    try:
+        record, key = _keys().create(tenant, admin=admin)
+    except InvalidTenant as exc:
+        raise fail(str(exc)) from None
+    console.print(
+        f"key {record.key_id} for tenant {tenant}{' (admin)' if admin else ''}; it is not shown again:"
+    )
+    print(key)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """Every key's id, tenant, role and dates (never the key)."""
+    table = Table("id", "tenant", "admin", "created", "revoked")
+    for key in _keys().all():
+        revoked = f"{key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else ""
+        table.add_row(
+            key.key_id, key.tenant, "yes" if key.admin else "", f"{key.created_at:%Y-%m-%d %H:%M}", revoked
+        )
+    Console().print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="the id from `batchwork keys list`")]) -> None:
+    """Revoke a key: requests with it answer 401 from now on."""
+    if not _keys().revoke(key_id):
+        raise fail(f"no live key {key_id} (see batchwork keys list)")
+    console.print(f"revoked {key_id}")
+
+
+@app.command()
 def models() -> None:
     """The models this installation can serve."""
     from worker.models.registry import describe

@@ -1,0 +1,212 @@
+"""The HTTP API through real HTTP: `batchwork api` and a real worker on Redis and PostgreSQL.
+
+Submit (JSON and streamed NDJSON), poll, stream results, list with a cursor, cancel; tenants kept apart in
+every route; 401, 413, 429 and 503 each provoked for real.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from tests.integration.api_server import api_server, make_key, wait_until
+from tests.integration.processes import produce, service_env, workers
+from worker.store.results import ResultStore
+
+ECHO = "tests.integration.echo_model:Echo"
+POISON = "tests.integration.fault_models:Poison"
+QUEUES = ("batchwork.high", "batchwork.normal", "batchwork.bulk")
+FINISHED = {"succeeded", "failed", "partial", "cancelled"}
+
+
+class Tenant:
+    """An HTTP client holding one API key."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+    def submit(self, model: str, inputs: list[Any], **fields: Any) -> dict[str, Any]:
+        answer = self.http.post("/v1/jobs", json={"model": model, "inputs": inputs, **fields})
+        assert answer.status_code == 202, answer.text
+        return answer.json()  # type: ignore[no-any-return]
+
+    def wait(self, job_id: str, timeout_s: float = 60) -> dict[str, Any]:
+        def finished() -> dict[str, Any] | None:
+            job = self.http.get(f"/v1/jobs/{job_id}").json()
+            return job if job["state"] in FINISHED else None
+
+        return wait_until(finished, timeout_s, lambda: f"job {job_id} unfinished", poll_s=0.2)
+
+    def results(self, job_id: str, **params: Any) -> list[dict[str, Any]]:
+        answer = self.http.get(f"/v1/jobs/{job_id}/results", params=params)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["content-type"].startswith("application/x-ndjson")
+        return [orjson.loads(line) for line in answer.content.splitlines()]
+
+
+def texts(prefix: str, n: int) -> list[dict[str, str]]:
+    return [{"id": f"{prefix}-{i}", "text": f"{prefix} item {i}"} for i in range(n)]
+
+
+def ndjson_chunks(items: list[Any], per_chunk: int = 100) -> Iterator[bytes]:
+    """The body in pieces, so httpx sends it chunked (no Content-Length) as a streaming producer would."""
+    for start in range(0, len(items), per_chunk):
+        yield b"".join(orjson.dumps(item) + b"\n" for item in items[start : start + per_chunk])
+
+
+@pytest.fixture
+def env(redis_url: str, pg_url: str, pg_store: ResultStore) -> dict[str, str]:
+    return service_env(redis_url, pg_url, metrics_port=0)
+
+
+@pytest.mark.slow
+def test_json_and_ndjson_jobs_run_and_their_results_stream_in_index_order(env: dict[str, str]) -> None:
+    alice = make_key(env["BATCHWORK_DATABASE_URL"], "alice")
+    with workers(env), api_server(env) as api:
+        client = Tenant(api.url, alice)
+        posted = client.submit(ECHO, texts("j", 30), metadata={"batch": "nightly"})
+        assert posted["state"] in {"queued", "running", "succeeded"}
+        assert posted["counts"]["total"] == 30
+        items = texts("n", 1500)
+        answer = client.http.post(
+            "/v1/jobs",
+            params={"model": ECHO, "priority": "bulk"},
+            content=ndjson_chunks(items),
+            headers={"Content-Type": "application/x-ndjson"},
+        )
+        assert answer.status_code == 202, answer.text
+        streamed = answer.json()
+
+        job = client.wait(posted["id"])
+        assert job["state"] == "succeeded"
+        assert job["counts"] == {"total": 30, "done": 30, "failed": 0, "errors": {}}
+        assert job["metadata"] == {"batch": "nightly"}
+        assert job["started_at"] and job["finished_at"]
+        lines = client.results(posted["id"])
+        assert [line["index"] for line in lines] == list(range(30))
+        assert lines[3] == {"index": 3, "id": "j-3", "output": {"echo": "j item 3", "n": 8}}
+        assert [line["index"] for line in client.results(posted["id"], after=4, limit=3)] == [5, 6, 7]
+
+        assert client.wait(streamed["id"])["state"] == "succeeded"
+        lines = client.results(streamed["id"])
+        assert len(lines) == 1500
+        assert [line["id"] for line in lines] == [item["id"] for item in items]
+        assert streamed["priority"] == "bulk"
+
+
+@pytest.mark.slow
+def test_a_bad_ndjson_line_refuses_the_whole_body_and_enqueues_nothing(env: dict[str, str]) -> None:
+    alice = make_key(env["BATCHWORK_DATABASE_URL"], "alice")
+    broker = redis.Redis.from_url(env["BATCHWORK_BROKER_URL"])
+    with api_server(env) as api:
+        client = Tenant(api.url, alice)
+        body = [orjson.dumps(item) for item in texts("b", 1200)]
+        body.insert(1100, b'{"id": "bad", "text": ""}')
+        answer = client.http.post(
+            "/v1/jobs",
+            params={"model": ECHO},
+            content=b"\n".join(body),
+            headers={"Content-Type": "application/x-ndjson"},
+        )
+        assert answer.status_code == 422
+        assert answer.json()["detail"] == "line 1101: field 'text' is empty"
+        answer = client.http.post(
+            "/v1/jobs",
+            params={"model": ECHO},
+            content=b'{"text": "fine"}\n{"text": \n',
+            headers={"Content-Type": "application/x-ndjson"},
+        )
+        assert answer.status_code == 422
+        assert answer.json()["detail"].startswith("line 2: not valid JSON")
+        json_answer = client.http.post("/v1/jobs", json={"model": "no-such-model", "inputs": ["x"]})
+        assert json_answer.status_code == 422
+        assert "unknown model 'no-such-model'" in json_answer.json()["detail"]
+
+        assert client.http.get("/v1/jobs").json()["jobs"] == []
+    assert sum(broker.llen(queue) for queue in QUEUES) == 0
+
+
+@pytest.mark.slow
+def test_listing_pages_through_a_tenants_jobs_newest_first_with_a_cursor(env: dict[str, str]) -> None:
+    alice = make_key(env["BATCHWORK_DATABASE_URL"], "alice")
+    with api_server(env) as api:  # no worker: the jobs stay queued
+        client = Tenant(api.url, alice)
+        ids = [client.submit(ECHO, [f"job {n}"])["id"] for n in range(5)]
+        pages: list[list[str]] = []
+        cursor = None
+        while True:
+            params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+            page = client.http.get("/v1/jobs", params=params).json()
+            pages.append([job["id"] for job in page["jobs"]])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert [len(page) for page in pages] == [2, 2, 1]
+        assert [job_id for page in pages for job_id in page] == ids[::-1]
+        client.http.post(f"/v1/jobs/{ids[0]}/cancel")
+        cancelled = client.http.get("/v1/jobs", params={"state": "cancelled"}).json()["jobs"]
+        assert [job["id"] for job in cancelled] == [ids[0]]
+        assert client.http.get("/v1/jobs", params={"cursor": "nonsense"}).status_code == 422
+
+
+@pytest.mark.slow
+def test_another_tenants_job_is_404_in_every_route_and_admins_see_the_default_tenant(
+    env: dict[str, str],
+) -> None:
+    url = env["BATCHWORK_DATABASE_URL"]
+    alice, bob, ops = make_key(url, "alice"), make_key(url, "bob"), make_key(url, "ops", admin=True)
+    [from_python] = produce(env, [{"via": "submit", "model": ECHO, "inputs": ["from python"]}])
+    with api_server(env) as api:
+        mine = Tenant(api.url, alice).submit(ECHO, ["alice's"])["id"]
+        other = Tenant(api.url, bob).http
+        for job_id in (mine, from_python):
+            assert other.get(f"/v1/jobs/{job_id}").status_code == 404
+            assert other.get(f"/v1/jobs/{job_id}/results").status_code == 404
+            assert other.post(f"/v1/jobs/{job_id}/cancel").status_code == 404
+        assert other.get("/v1/jobs").json()["jobs"] == []
+        assert Tenant(api.url, alice).http.get(f"/v1/jobs/{mine}").json()["state"] == "queued"
+
+        admin = Tenant(api.url, ops).http
+        assert admin.get(f"/v1/jobs/{from_python}").status_code == 200
+        assert admin.get(f"/v1/jobs/{mine}").status_code == 404
+        assert [job["id"] for job in admin.get("/v1/jobs").json()["jobs"]] == [from_python]
+
+
+@pytest.mark.slow
+def test_cancel_and_error_kinds(env: dict[str, str]) -> None:
+    env = {**env, "BATCHWORK_SIMULATED_BASE_MS": "100", "BATCHWORK_SIMULATED_PER_ITEM_MS": "0"}
+    env["BATCHWORK_BATCHING"] = json.dumps({"simulated": {"max_batch_size": 5, "max_wait_ms": 5}})
+    alice = make_key(env["BATCHWORK_DATABASE_URL"], "alice")
+    with workers(env), api_server(env) as api:
+        client = Tenant(api.url, alice)
+        slow = client.submit("simulated", [f"s{i}" for i in range(300)])["id"]
+        wait_until(
+            lambda: client.http.get(f"/v1/jobs/{slow}").json()["counts"]["done"] > 0,
+            30,
+            lambda: "the slow job never started",
+        )
+        cancelled = client.http.post(f"/v1/jobs/{slow}/cancel").json()
+        assert cancelled["state"] == "cancelled"
+        poisoned = client.submit(POISON, ["fine", "poison", "fine too"])["id"]
+
+        def every_item_ended() -> dict[str, Any] | None:
+            job = client.http.get(f"/v1/jobs/{slow}").json()
+            return job if job["counts"]["done"] + job["counts"]["failed"] == 300 else None
+
+        job = wait_until(every_item_ended, 60, lambda: "the cancelled job's items did not all end")
+        assert job["counts"]["errors"] == {"cancelled": job["counts"]["failed"]}
+        assert job["counts"]["failed"] > 0
+        poison = client.wait(poisoned)
+        assert poison["state"] == "partial"
+        assert poison["counts"]["errors"] == {"ValueError": 1}
+        assert client.results(poisoned)[1] == {
+            "index": 1,
+            "id": None,
+            "error": "ValueError: cannot digest 'poison'",
+        }
