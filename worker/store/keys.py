@@ -51,10 +51,7 @@ def check_tenant(tenant: str, admin: bool) -> None:
             f"tenant {tenant!r}: use 1-64 of a-z, 0-9, '_', '.', '-', starting with a letter or digit"
         )
     if tenant == DEFAULT_TENANT and not admin:
-        raise InvalidTenant(
-            f"tenant {DEFAULT_TENANT!r} holds the jobs submitted from Python; an admin key (--admin) of "
-            "any tenant sees them"
-        )
+        raise InvalidTenant(f"tenant {DEFAULT_TENANT!r} holds Python's jobs; any admin key (--admin) sees them")
 
 
 class KeyStore:
