@@ -23,6 +23,7 @@ from worker.store.results import BatchRecord
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 templates = Environment(loader=PackageLoader("api", "templates"), autoescape=select_autoescape())
+templates.filters["when"] = lambda moment: "" if moment is None else f"{moment:%Y-%m-%d %H:%M:%S} UTC"
 
 Served = Annotated[Backend, Depends(backend)]
 Viewer = Annotated[ApiKey | None, Depends(page_caller)]
