@@ -90,7 +90,7 @@ def make_key(database_url: str, tenant: str, admin: bool = False) -> str:
 
 
 def wait_until(
-    check: Callable[[], T], timeout_s: float, message: Callable[[], str], poll_s: float = 0.1
+    check: Callable[[], T | None], timeout_s: float, message: Callable[[], str], poll_s: float = 0.1
 ) -> T:
     """``check()``'s first truthy answer; AssertionError with ``message()`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

@@ -16,6 +16,7 @@ import orjson
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis.core.result import Err
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tests.integration.api_server import api_server, make_key
@@ -49,6 +50,9 @@ def test_every_route_answers_as_its_schema_says(live_api: tuple[str, str]) -> No
     failures = []
     routes = calls = 0
     for result in schema.get_all_operations():
+        if isinstance(result, Err):
+            failures.append(f"an operation the schema cannot describe: {result.err()}")
+            continue
         operation = result.ok()
         routes += 1
         try:
