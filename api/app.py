@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from api import jobs, ui
-from api.auth import backend
+from api.auth import KeyCache, backend
 from api.backend import Backend
 from api.limits import BodyLimit
 from api.metrics import ApiMetrics, RequestMetrics
@@ -33,6 +33,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = ApiMetrics(served)
     app = FastAPI(title="batchwork", version="1", description=DESCRIPTION, redoc_url=None)
     app.state.backend = served
+    app.state.key_cache = KeyCache()
     app.include_router(jobs.router)
     app.include_router(ui.router)
     app.add_exception_handler(InvalidInput, _invalid_input)  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ registered or enqueued.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import islice
 from typing import IO, Any
 
 import orjson
@@ -32,6 +33,7 @@ class NdjsonSpool:
         self._line = 0  # lines seen, blank ones included, for error messages
         self._partial = b""  # the end of the last chunk, up to its first unfinished line
         self._items: list[Any] = []
+        self._raws: list[bytes] = []  # each item's line as it came: the spool keeps it as it is
         self._lines: list[int] = []  # line number of each item in _items
         self._max_line_bytes = settings.max_input_chars * 6 + LINE_OVERHEAD_BYTES
 
@@ -60,7 +62,7 @@ class NdjsonSpool:
         self._file.seek(0)
         size = self.settings.submit_chunk_size
         for offset in range(0, self.total, size):
-            items = [orjson.loads(self._file.readline()) for _ in range(min(size, self.total - offset))]
+            items = [orjson.loads(line) for line in islice(self._file, size)]
             yield InferCall(job_id, self.model, items, self.priority, offset, self.total, expires_at)
 
     def _take(self, raw: bytes) -> None:
@@ -72,6 +74,7 @@ class NdjsonSpool:
         except orjson.JSONDecodeError as exc:
             raise InvalidInput(f"line {self._line}: not valid JSON ({exc})") from None
         self._items.append(item)
+        self._raws.append(raw)
         self._lines.append(self._line)
         if len(self._items) >= self.settings.submit_chunk_size:
             self._check_chunk()
@@ -89,8 +92,7 @@ class NdjsonSpool:
             if exc.index is None:
                 raise
             raise InvalidInput(f"line {self._lines[exc.index - offset]}: {exc.detail}") from None
-        for item in self._items:
-            self._file.write(orjson.dumps(item) + b"\n")
+        self._file.write(b"\n".join(self._raws) + b"\n")
         self.priority = call.priority  # as the checks read it ("" is normal)
         self.total = count
-        self._items, self._lines = [], []
+        self._items, self._raws, self._lines = [], [], []

@@ -14,7 +14,6 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
-from starlette.concurrency import run_in_threadpool
 
 from api.auth import COOKIE, backend, find_key, page_caller
 from api.backend import Backend
@@ -109,7 +108,7 @@ def progress(viewer: Viewer, served: Served, ids: Annotated[str, Query(max_lengt
 async def login(request: Request) -> Response:
     form = parse_qs((await request.body()).decode("utf-8", "replace"))
     key = form.get("key", [""])[0].strip()
-    if await run_in_threadpool(find_key, request, key) is None:
+    if await find_key(request, key) is None:
         return render("login.html", 401, error="unknown or revoked key")
     response = RedirectResponse("/ui/", status_code=303)
     response.set_cookie(

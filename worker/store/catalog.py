@@ -58,7 +58,8 @@ class JobCatalog:
             query = query.where(tuple_(job.created_at, job.id) < tuple_(created_at, job_id))
         query = query.order_by(job.created_at.desc(), job.id.desc()).limit(limit + 1)
         with self.engine.connect() as conn:
-            jobs = [job_status_of(row) for row in conn.execute(query)]
+            result = conn.execute(query)
+            jobs = [job_status_of(list(result.keys()), row) for row in result]
         if len(jobs) <= limit:
             return JobPage(jobs, None)
         last = jobs[limit - 1]

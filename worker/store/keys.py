@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from sqlalchemy import Engine, insert, select, update
 
 from worker.store import tables
+from worker.store.db import single_reads
 
 KEY_PREFIX = "bw_"
 DEFAULT_TENANT = "default"  # jobs submitted from Python (infer.delay, client.submit)
@@ -51,7 +52,9 @@ def check_tenant(tenant: str, admin: bool) -> None:
             f"tenant {tenant!r}: use 1-64 of a-z, 0-9, '_', '.', '-', starting with a letter or digit"
         )
     if tenant == DEFAULT_TENANT and not admin:
-        raise InvalidTenant(f"tenant {DEFAULT_TENANT!r} holds Python's jobs; any admin key (--admin) sees them")
+        raise InvalidTenant(
+            f"tenant {DEFAULT_TENANT!r} holds Python's jobs; any admin key (--admin) sees them"
+        )
 
 
 class KeyStore:
@@ -82,7 +85,7 @@ class KeyStore:
         """
         column = tables.api_keys.c
         query = select(*_COLUMNS).where(column.key_sha256 == key_hash(key), column.revoked_at.is_(None))
-        with self.engine.connect() as conn:
+        with single_reads(self.engine).connect() as conn:
             row = conn.execute(query).one_or_none()
         return None if row is None else ApiKey(*row)
 

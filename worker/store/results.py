@@ -17,6 +17,8 @@ from sqlalchemy import (
     Connection,
     Engine,
     Row,
+    Select,
+    String,
     Update,
     and_,
     bindparam,
@@ -29,7 +31,7 @@ from sqlalchemy import (
 )
 
 from worker.store import bulk, tables
-from worker.store.db import make_engine
+from worker.store.db import make_engine, single_reads
 from worker.store.tables import UtcDateTime
 
 # A job in one of these states never changes state again (late or redelivered results still count).
@@ -124,6 +126,7 @@ class ResultStore:
     def __init__(self, engine: Engine):
         bulk.check_dialect(engine.dialect.name)
         self.engine = engine
+        self._single_reads = single_reads(engine)
 
     @classmethod
     def from_url(cls, url: str) -> ResultStore:
@@ -187,18 +190,16 @@ class ResultStore:
     def status(self, job_id: str, tenants: Collection[str] | None = None) -> JobStatus | None:
         """The job's state and counts, or None for a job never created (or, given ``tenants``, another
         tenant's job: the filter is in the query, so another tenant's job is never even read)."""
-        tokens = tables.generated_tokens.c
-        running = func.sum(case((tokens.final, 0), else_=tokens.tokens))
-        count_tokens = select(func.count(), func.sum(tokens.tokens), running).where(tokens.job_id == job_id)
-        query = select(tables.jobs).where(tables.jobs.c.id == job_id)
-        if tenants is not None:
-            query = query.where(tables.jobs.c.tenant.in_(list(tenants)))
-        with self.engine.connect() as conn:
-            row = conn.execute(query).one_or_none()
-            if row is None:
-                return None
-            items, generated, in_flight = conn.execute(count_tokens).one()
-        job = job_status_of(row)
+        with self._single_reads.connect() as conn:
+            if tenants is None:
+                row = conn.execute(_STATUS, {"job_key": job_id}).one_or_none()
+            else:
+                params = {"job_key": job_id, "tenants": list(tenants)}
+                row = conn.execute(_STATUS_IN_TENANTS, params).one_or_none()
+        if row is None:
+            return None
+        *fields, items, generated, in_flight = row
+        job = job_status_of(row._fields[: len(fields)], fields)
         if not items:
             return job
         if job.state in FINISHED_STATES:  # reports of runs that never stored a result no longer count
@@ -314,7 +315,28 @@ def _progress_statement() -> Update:
     )
 
 
+def _status_statement() -> Select[Any]:
+    """A job's row and its generated-token counts in one query: pollers (the HTTP API above all) run it
+    many times a second, so it is one round trip, built once."""
+    tokens = tables.generated_tokens.c
+    job_key = bindparam("job_key", type_=String())
+    running = func.sum(case((tokens.final, 0), else_=tokens.tokens))
+    counts = (
+        select(tokens.job_id, func.count(), func.sum(tokens.tokens), running)
+        .where(tokens.job_id == job_key)
+        .group_by(tokens.job_id)
+        .subquery()
+    )
+    return (
+        select(tables.jobs, *list(counts.c)[1:])
+        .outerjoin(counts, counts.c.job_id == tables.jobs.c.id)
+        .where(tables.jobs.c.id == job_key)
+    )
+
+
 _PROGRESS = _progress_statement()
+_STATUS = _status_statement()
+_STATUS_IN_TENANTS = _STATUS.where(tables.jobs.c.tenant.in_(bindparam("tenants", expanding=True)))
 _INSERT_BATCH = insert(tables.batches).returning(tables.batches.c.id)
 
 
@@ -388,10 +410,11 @@ def _progress_by_job(inserted: bulk.Inserted, now: datetime) -> list[dict[str, A
     ]
 
 
-def job_status_of(row: Row[Any]) -> JobStatus:
-    values = dict(row._mapping)
-    values["job_id"] = values.pop("id")
-    return JobStatus(**values)
+def job_status_of(names: Sequence[str], values: Sequence[Any]) -> JobStatus:
+    """A JobStatus from a jobs row's column names and values."""
+    fields = dict(zip(names, values, strict=True))
+    fields["job_id"] = fields.pop("id")
+    return JobStatus(**fields)
 
 
 def _batch_record(row: Row[Any]) -> BatchRecord:
