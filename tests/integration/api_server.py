@@ -1,11 +1,8 @@
-"""`batchwork api` in a subprocess for integration tests and benches, and keys made in its database."""
+"""`batchwork api` in a subprocess for integration tests, keys made in its database, and a bounded wait."""
 
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,7 +10,7 @@ from typing import TypeVar
 
 import httpx
 
-from tests.integration.processes import ROOT
+from tests.integration.processes import CommandProcess
 from worker.store.db import make_engine
 from worker.store.keys import KeyStore
 
@@ -26,27 +23,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-class ApiProcess:
-    """The API on 127.0.0.1 at a free port; its output is kept for failure messages."""
+class ApiProcess(CommandProcess):
+    """`batchwork api` on 127.0.0.1 at a free port."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log: list[str] = []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "api", "--port", str(self.port)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.log.append(line.rstrip())
+        super().__init__(env, "api", "--port", str(self.port))
 
     def wait_healthy(self, timeout_s: float = 60) -> None:
         def healthy() -> bool:
@@ -60,15 +43,6 @@ class ApiProcess:
         wait_until(
             healthy, timeout_s, lambda: "the API did not become healthy:\n" + "\n".join(self.log[-40:])
         )
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @contextmanager
