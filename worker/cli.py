@@ -252,11 +252,21 @@ keys_app = typer.Typer(no_args_is_help=True, help="API keys: create, list, revok
 app.add_typer(keys_app, name="keys")
 
 
-def _keys() -> Any:
-    from worker.store.keys import KeyStore
-    from worker.tasks import job_store
+class _key_store:
+    """The KeyStore of BATCHWORK_DATABASE_URL; a database error ends the command in one line."""
 
-    return KeyStore(job_store(get_settings().database_url).engine)
+    def __enter__(self) -> Any:
+        from worker.store.keys import KeyStore
+        from worker.tasks import job_store
+
+        return KeyStore(job_store(get_settings().database_url).engine)
+
+    def __exit__(self, kind: Any, exc: BaseException | None, _tb: Any) -> None:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        if isinstance(exc, SQLAlchemyError):
+            first_line = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+            raise fail(f"database: {first_line} (is it migrated? batchwork migrate)") from None
 
 
 @keys_app.command("create")
@@ -270,7 +280,8 @@ def keys_create(
     from worker.store.keys import InvalidTenant
 
     try:
-        record, key = _keys().create(tenant, admin=admin)
+        with _key_store() as keys:
+            record, key = keys.create(tenant, admin=admin)
     except InvalidTenant as exc:
         raise fail(str(exc)) from None
     console.print(
@@ -283,7 +294,9 @@ def keys_create(
 def keys_list() -> None:
     """Every key's id, tenant, role and dates (never the key)."""
     table = Table("id", "tenant", "admin", "created", "revoked")
-    for key in _keys().all():
+    with _key_store() as keys:
+        found = keys.all()
+    for key in found:
         revoked = f"{key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else ""
         table.add_row(
             key.key_id, key.tenant, "yes" if key.admin else "", f"{key.created_at:%Y-%m-%d %H:%M}", revoked
@@ -294,7 +307,9 @@ def keys_list() -> None:
 @keys_app.command("revoke")
 def keys_revoke(key_id: Annotated[str, typer.Argument(help="the id from `batchwork keys list`")]) -> None:
     """Revoke a key: requests with it answer 401 from now on."""
-    if not _keys().revoke(key_id):
+    with _key_store() as keys:
+        revoked = keys.revoke(key_id)
+    if not revoked:
         raise fail(f"no live key {key_id} (see batchwork keys list)")
     console.print(f"revoked {key_id}")
 

@@ -1,8 +1,8 @@
 """A worker's Prometheus metrics: every metric object, the few calls the engine makes, and the server.
 
-The engine, store thread and consumer each make one call per batch, write or message (never per item),
-and the items held, running sequences and preemptions are read only when Prometheus scrapes. Nothing
-here may block or raise into the caller: metrics never stop the work.
+The engine, store thread and consumer each make one call per batch, write or message (a write's items
+are tallied in one pass, then counted once per label set), and the items held, running sequences and
+preemptions are read only when Prometheus scrapes. Nothing here blocks or does I/O on the work's threads.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ log = logging.getLogger(__name__)
 _BY_LANE = ["model", "lane"]
 
 ITEMS = Counter(
-    "batchwork_items_total", "Items whose outcome was stored, by outcome (ok, error)", [*_BY_LANE, "outcome"]
+    "batchwork_items_total",
+    "Items whose outcome this worker stored, by outcome (ok, error); a redelivered item counts again",
+    [*_BY_LANE, "outcome"],
 )
 BATCHES = Counter(
     "batchwork_batches_total",
