@@ -6,5 +6,6 @@ COPY pyproject.toml README.md alembic.ini ./
 COPY worker worker
 COPY api api
 COPY migrations migrations
-RUN pip install --no-cache-dir -e .
+# Not editable: the image runs the package as a user would install it (migrations ship inside it).
+RUN pip install --no-cache-dir .
 ENV HF_HUB_OFFLINE=1

@@ -1,4 +1,5 @@
-"""Placeholder for the HTTP API (FastAPI over the same store and client; roadmap step 5).
+"""batchwork's HTTP front door: a FastAPI app over the same client, store and checks as Python producers.
 
-Nothing is served yet: use `worker.client` or the `batchwork` command.
+It validates inputs through the model registry and never loads a model (nor torch); ``api.app.create_app``
+builds the app, ``batchwork api`` serves it.
 """

@@ -10,6 +10,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from worker.errors import BatchworkError, InvalidInput, SetupError
+from worker.errors import BatchworkError, InvalidInput, SetupError, UsageError
 from worker.jsonl import InputFileError, Inputs, check_output_path, output, read_inputs, write_results
 from worker.settings import PRIORITIES, Settings, get_settings
 
@@ -289,6 +290,78 @@ def migrate() -> None:
     with client_errors(url):
         run_migrations(url)
     console.print(Text(f"{shown_url(url)} is at the latest schema"))
+
+
+@app.command()
+def api(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+) -> None:
+    """Serve the HTTP API and the jobs page (uvicorn) on the configured broker and database."""
+    settings = get_settings()
+    if settings.embedded:
+        raise SetupError("no broker configured: set BATCHWORK_BROKER_URL (e.g. redis://localhost:6379/0)")
+    import uvicorn
+
+    from api.app import create_app
+
+    # No access log: /metrics counts requests by route and status without a line per poll.
+    uvicorn.run(create_app(settings), host=host, port=port, access_log=False, log_level="info")
+
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys: create, list, revoke.")
+app.add_typer(keys_app, name="keys")
+
+
+@contextmanager
+def _key_store() -> Iterator[Any]:
+    """The KeyStore of BATCHWORK_DATABASE_URL; a database error ends the command in one line."""
+    from worker.store.db import client_errors
+    from worker.store.keys import KeyStore
+
+    store = _client().store
+    store.ensure_sqlite_schema()
+    with client_errors(store.url):
+        yield KeyStore(store.engine)
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="whose jobs the key submits and sees")],
+    admin: Annotated[
+        bool, typer.Option(help="also see the jobs submitted from Python (tenant 'default')")
+    ] = False,
+) -> None:
+    """Make a key and print it once; only its hash is stored."""
+    with _key_store() as keys:
+        record, key = keys.create(tenant, admin=admin)
+    console.print(
+        Text(f"key {record.key_id} for tenant {tenant}{' (admin)' if admin else ''}; it is not shown again:")
+    )
+    print(key)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """Every key's id, tenant, role and dates (never the key)."""
+    table = Table("id", "tenant", "admin", "created", "revoked")
+    with _key_store() as keys:
+        found = keys.all()
+    for key in found:
+        revoked = f"{key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else ""
+        created = f"{key.created_at:%Y-%m-%d %H:%M}"
+        table.add_row(key.key_id, Text(key.tenant), "yes" if key.admin else "", created, revoked)
+    out_console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="the id from `batchwork keys list`")]) -> None:
+    """Revoke a key: requests with it answer 401 from now on."""
+    with _key_store() as keys:
+        revoked = keys.revoke(key_id)
+    if not revoked:
+        raise UsageError(f"no live key {key_id} (see batchwork keys list)")
+    console.print(Text(f"revoked {key_id}"))
 
 
 @app.command()

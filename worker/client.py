@@ -8,7 +8,7 @@ takes it records it in SQL. Polling reads SQL, and Redis for a job no worker has
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -67,24 +67,45 @@ class Client:
         return call
 
     def submit(
-        self, model: str, inputs: Sequence[Any], priority: str = "normal", deadline_s: float | None = None
+        self,
+        model: str,
+        inputs: Sequence[Any],
+        priority: str = "normal",
+        deadline_s: float | None = None,
+        *,
+        tenant: str = "default",
+        metadata: Any = None,
     ) -> str:
         """Check all items, record the job in SQL, publish it in messages of a bounded size; the job id.
 
-        With ``deadline_s``, items not started within that many seconds end as expired errors.
+        With ``deadline_s``, items not started within that many seconds end as expired errors. ``tenant``
+        and ``metadata`` (any JSON value) are stored with the job for the HTTP API.
         """
-        return self.enqueue(self.check(model, inputs, priority, deadline_s))
+        return self.enqueue(self.check(model, inputs, priority, deadline_s), tenant=tenant, metadata=metadata)
 
-    def enqueue(self, call: InferCall) -> str:
+    def enqueue(self, call: InferCall, *, tenant: str = "default", metadata: Any = None) -> str:
         """Record a checked call's job in SQL, then publish its messages; the job id."""
-        self.store.create_job(JobSpec(call.job_id, call.model, call.priority, call.total), create_schema=True)
-        try:
-            self._publish(call, record_job=False)
-        except Exception as exc:
-            # Messages already sent still run; the job says why it cannot finish.
-            self.store.fail_job(call.job_id, f"submit could not publish every message: {exc}")
-            raise
+        self.register(call, tenant=tenant, metadata=metadata)
+        self.publish([call])
         return call.job_id
+
+    def register(self, call: InferCall, *, tenant: str = "default", metadata: Any = None) -> None:
+        """Record the job of a checked call in SQL (``call.total`` items), before any of it is published."""
+        spec = JobSpec(call.job_id, call.model, call.priority, call.total)
+        self.store.create_job(spec, create_schema=True, tenant=tenant, metadata=metadata)
+
+    def publish(self, calls: Iterable[InferCall]) -> None:
+        """Send the messages of a registered job, one call (a part of it) after another; a failure part way
+        fails the job, saying why, since the messages already sent still run."""
+        job_id = None
+        try:
+            for call in calls:
+                job_id = call.job_id
+                self._publish(call, record_job=False)
+        except Exception as exc:
+            if job_id is not None:
+                self.store.fail_job(job_id, f"submit could not publish every message: {exc}")
+            raise
 
     def delay(self, kwargs: dict[str, Any]) -> str:
         """``infer.delay``'s path: check, then the job's record and its message in one Redis round trip."""

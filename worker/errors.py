@@ -31,6 +31,10 @@ class DatabaseUnavailable(BatchworkError, ConnectionError):
     """The database cannot be reached, or has no batchwork schema; the message says which and what to do."""
 
 
+class UsageError(BatchworkError, ValueError):
+    """A command or argument that cannot do what was asked (a key that does not exist, ...)."""
+
+
 class SetupError(BatchworkError, RuntimeError):
     """batchwork is not set up for what was asked (no broker configured, a database not migrated, ...)."""
 

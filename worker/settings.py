@@ -103,6 +103,19 @@ class Settings(BaseSettings):
     max_items_per_job: int = Field(default=1_000_000, ge=1, le=2**31 - 1)
     max_input_chars: int = Field(default=100_000, ge=1)
 
+    # Workers serve Prometheus metrics on this port (0: none); a second worker on the same host needs its own.
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+
+    # The HTTP API (`batchwork api`). A JSON body is held in memory, an NDJSON body is spooled to disk;
+    # both are refused past their size with 413. A tenant's unfinished items (429) and the messages
+    # waiting in the broker's queues (503) bound what one more job may add; both answers carry
+    # Retry-After. Items per job are bounded by max_items_per_job (429).
+    api_max_body_bytes: int = Field(default=16 * 2**20, ge=1)
+    api_max_ndjson_bytes: int = Field(default=2**30, ge=1)
+    api_max_tenant_items: int = Field(default=5_000_000, ge=1)
+    api_max_queue_depth: int = Field(default=20_000, ge=1)
+    api_retry_after_s: int = Field(default=10, ge=1)
+
     simulated_base_ms: float = Field(default=20.0, ge=0, description="simulated model: a in a + b*n")
     simulated_per_item_ms: float = Field(default=1.0, ge=0, description="simulated model: b in a + b*n")
 

@@ -40,14 +40,17 @@ def service_env(broker_url: str, database_url: str, **settings: Any) -> dict[str
     return env
 
 
-class WorkerProcess:
-    """`batchwork worker` in a subprocess; its log is kept for assertions and failure messages."""
+class CommandProcess:
+    """A `batchwork` command in a subprocess; its log is kept for assertions and failure messages, and
+    ``ready`` is set once a line holds ``ready_line``."""
 
-    def __init__(self, env: dict[str, str], name: str) -> None:
+    ready_line: str | None = None
+
+    def __init__(self, env: dict[str, str], *command: str) -> None:
         self.log: list[str] = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--loglevel=INFO", "--hostname", name],
+            [sys.executable, "-m", "worker.cli", *command],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -60,12 +63,8 @@ class WorkerProcess:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.log.append(line.rstrip())
-            if READY_LINE in line:
+            if self.ready_line is not None and self.ready_line in line:
                 self.ready.set()
-
-    def wait_ready(self, timeout_s: float = 90) -> None:
-        if not self.ready.wait(timeout_s):
-            raise AssertionError("worker did not start:\n" + "\n".join(self.log[-40:]))
 
     def stop(self, timeout_s: float = 30) -> None:
         if self.proc.poll() is None:
@@ -75,6 +74,19 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class WorkerProcess(CommandProcess):
+    """`batchwork worker` in a subprocess."""
+
+    ready_line = READY_LINE
+
+    def __init__(self, env: dict[str, str], name: str) -> None:
+        super().__init__(env, "worker", "--loglevel=INFO", "--hostname", name)
+
+    def wait_ready(self, timeout_s: float = 90) -> None:
+        if not self.ready.wait(timeout_s):
+            raise AssertionError("worker did not start:\n" + "\n".join(self.log[-40:]))
 
 
 def batchwork(

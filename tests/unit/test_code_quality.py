@@ -37,6 +37,7 @@ def test_mypy() -> None:
     [
         ("worker.batching.scheduler", ["celery", "kombu", "redis", "sqlalchemy", "torch"]),
         ("api", ["torch", "transformers"]),
+        ("api.app", ["torch", "transformers"]),  # the whole app: routes, registry checks, client, store
         ("worker.tasks", ["torch", "transformers"]),
         ("worker.client", ["torch", "transformers"]),
     ],

@@ -14,6 +14,7 @@ from typing import Any
 from celery import bootsteps
 
 from worker.broker.keys import Keys
+from worker.runtime import metrics
 from worker.runtime.deliveries import Message
 from worker.runtime.engine import Engine
 from worker.runtime.journal import Journal
@@ -28,6 +29,7 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_options: Any) -> An
     """Celery calls this once per task type; the handler it returns runs for every message."""
 
     def on_message(message: Message, body: Any, ack: Any, reject: Any, callbacks: Any, **_: Any) -> None:
+        metrics.delivered(message)
         consumer.batchwork_engine.accept(message)
 
     return on_message
@@ -102,6 +104,7 @@ class BatchingStep(bootsteps.StartStopStep):
             journal=None if self.redis is None else Journal(self.redis, Keys.of(settings)),
         )
         engine.start(preload=settings.preload)
+        metrics.serve(settings, engine.holdings, engine.models)
         log.info("batchwork engine ready on %s", engine.device)
         return engine
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from worker.batching.scheduler import Batch, Item, Scheduler
+from worker.runtime import metrics
 from worker.runtime.deliveries import Delivery, Outcomes, Slot, TokenReport
 from worker.runtime.journal import Journal
 from worker.runtime.loaded_models import LoadedModels, Stepping
@@ -124,6 +125,7 @@ class Executor:
             started_at=started_at,
             worker=self.worker_name,
         )
+        metrics.batch_ran(write.record, report)
         for item, slot, outcome in zip(batch.items, slots, report.outcomes, strict=True):
             write.add(
                 ItemOutcome(item.job_id, item.index, slot.item_id, outcome.output, outcome.error),

@@ -21,6 +21,7 @@ from functools import partial
 
 from worker.calls import job_id_of
 from worker.errors import InvalidInput
+from worker.runtime import metrics
 from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal, StoreWork, TokenReport
 from worker.runtime.journal import Journal
 from worker.runtime.outbox import Outbox, Settled
@@ -200,6 +201,7 @@ class Storer:
             log.warning("could not record the token counts of %d running items: %s", len(counts), exc)
 
     def _settle(self, write: Outcomes, new_jobs: list[str]) -> None:
+        metrics.items_stored(write)
         done: list[Delivery] = []
         released: Counter[JobSpec] = Counter()
         suspects: list[tuple[str, int]] = []

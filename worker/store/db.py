@@ -67,6 +67,12 @@ def _set_sqlite_pragmas(dbapi_connection: Any, _connection_record: Any) -> None:
         cursor.close()
 
 
+def single_reads(engine: Engine) -> Engine:
+    """The same pool in autocommit: for a read that is one statement, which needs no transaction, it saves
+    the BEGIN and ROLLBACK round trips (a status poll then costs the pool's ping and the query)."""
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+
 def is_transient(exc: BaseException) -> bool:
     """True for failures that waiting cures: the database down, a connection dropped, a lock busy, or a
     schema not migrated yet (``batchwork migrate`` cures it). Anything else is the data's fault: it never will

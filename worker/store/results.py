@@ -7,17 +7,30 @@ a model; it takes plain values and gives plain values back. What a user's comman
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Connection, Engine, case, func, insert, inspect, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Select,
+    String,
+    bindparam,
+    case,
+    func,
+    insert,
+    inspect,
+    select,
+    update,
+)
 from sqlalchemy.engine import make_url
 
 from worker.store import bulk, rows, tables
-from worker.store.db import client_errors, make_engine, shown_url
+from worker.store.db import client_errors, make_engine, shown_url, single_reads
 from worker.store.values import (
     FINISHED_STATES,
     UNFINISHED_STATES,
@@ -48,10 +61,6 @@ RESULTS_PAGE_SIZE = 2000
 # How many of a failed job's most common errors status reports.
 TOP_ERRORS = 5
 _JOB = tables.jobs.c
-_JOB_COLUMNS = (
-    _JOB.id, _JOB.model, _JOB.priority, _JOB.state, _JOB.total, _JOB.done, _JOB.failed, _JOB.error,
-    _JOB.created_at, _JOB.started_at, _JOB.finished_at,
-)  # fmt: skip
 _INSERT_BATCH = insert(tables.batches).returning(tables.batches.c.id)
 
 
@@ -62,6 +71,7 @@ class ResultStore:
         bulk.check_dialect(engine.dialect.name)
         self.engine = engine
         self.url = url or engine.url.render_as_string(hide_password=False)
+        self._single_reads = single_reads(engine)
         self._schema_checked = False
 
     @classmethod
@@ -92,15 +102,23 @@ class ResultStore:
 
     # -- jobs -----------------------------------------------------------------------------
 
-    def create_job(self, spec: JobSpec, *, create_schema: bool = False, state: str = "queued") -> bool:
-        """Record a job (queued, or e.g. cancelled); False when it already existed (it is left as it is).
-
-        ``create_schema``: a SQLite database without batchwork's tables is created and migrated first.
-        """
+    def create_job(
+        self,
+        spec: JobSpec,
+        *,
+        create_schema: bool = False,
+        state: str = "queued",
+        tenant: str = "default",
+        metadata: Any = None,
+    ) -> bool:
+        """Record a job of ``tenant`` (queued, or e.g. cancelled); False when it already existed (it is left
+        as it is). ``create_schema``: a SQLite database without batchwork's tables is created and migrated
+        first."""
         if create_schema:
             self.ensure_sqlite_schema()
+        row = {**rows.job_row(spec, _utcnow(), state), "tenant": tenant, "metadata": metadata}
         with client_errors(self.url), self.engine.begin() as conn:
-            return bool(bulk.insert_jobs(conn, [rows.job_row(spec, _utcnow(), state)]))
+            return bool(bulk.insert_jobs(conn, [row]))
 
     def fail_job(self, job_id: str, error: str) -> None:
         """Mark a job failed as a whole (e.g. its submit could not publish); a finished job is left alone."""
@@ -117,18 +135,31 @@ class ResultStore:
         """Cancel a queued or running job; False when it is unknown or already finished."""
         return False if self._absent() else self._finish(job_id, "cancelled", None)
 
-    def status(self, job_id: str) -> JobStatus | None:
-        """The job's state, counts and most common errors, or None for a job never recorded here."""
+    def status(self, job_id: str, tenants: Collection[str] | None = None) -> JobStatus | None:
+        """The job's state, counts and most common errors, or None for a job never recorded here (or, given
+        ``tenants``, another tenant's job: the filter is in the query, so another tenant's job is never read).
+
+        One prebuilt query on an autocommit connection (no BEGIN/ROLLBACK): pollers, the HTTP API above all,
+        run it many times a second. A failed job's most common errors cost a second query.
+        """
         if self._absent():
             return None
-        with client_errors(self.url), self.engine.connect() as conn:
-            row = conn.execute(select(*_JOB_COLUMNS).where(_JOB.id == job_id)).one_or_none()
+        params: dict[str, Any] = {"job_key": job_id}
+        if tenants is not None:
+            params["tenants"] = list(tenants)
+        with client_errors(self.url), self._single_reads.connect() as conn:
+            row = conn.execute(_STATUS if tenants is None else _STATUS_IN_TENANTS, params).one_or_none()
             if row is None:
                 return None
-            job = rows.job_status(row)
+            *fields, items, generated, in_flight = row
+            job = rows.job_status_of(row._fields[: len(fields)], fields)
             if job.failed:
                 job = replace(job, errors=_top_errors(conn, job_id))
-            return _with_tokens(conn, job)
+        if not items:
+            return job
+        if job.state in FINISHED_STATES:  # reports of runs that never stored a result no longer count
+            generated, in_flight = generated - in_flight, 0
+        return replace(job, generated_tokens=generated, running_tokens=in_flight)
 
     # -- results --------------------------------------------------------------------------
 
@@ -178,8 +209,8 @@ class ResultStore:
         with self.engine.begin() as conn:
             bulk.upsert_generated_tokens(conn, rows.token_rows(counts, final=False, now=_utcnow()))
 
-    def results(self, job_id: str) -> Iterator[ItemOutcome]:
-        """The job's stored outcomes ordered by index, fetched a page at a time.
+    def results(self, job_id: str, after: int = -1) -> Iterator[ItemOutcome]:
+        """The job's stored outcomes of index above ``after``, ordered by index, fetched a page at a time.
 
         Each page is its own short query (keyset on the primary key), so a slow reader of a 1M-item job
         holds neither a connection nor a transaction between pages.
@@ -193,7 +224,7 @@ class ResultStore:
             .order_by(column.item_index)
             .limit(RESULTS_PAGE_SIZE)
         )
-        page_query = query
+        page_query = query.where(column.item_index > after)
         while True:
             with client_errors(self.url), self.engine.connect() as conn:
                 page = conn.execute(page_query).all()
@@ -316,14 +347,23 @@ def _top_errors(conn: Connection, job_id: str) -> tuple[tuple[str, int], ...]:
     return tuple((error, items) for error, items in conn.execute(query))
 
 
-def _with_tokens(conn: Connection, job: JobStatus) -> JobStatus:
-    """Generated tokens so far, for a generation job: stored items' counts, plus running items' reports."""
+def _status_statement() -> Select[Any]:
+    """A job's row and its generated-token counts in one query."""
     tokens = tables.generated_tokens.c
+    job_key = bindparam("job_key", type_=String())
     running = func.sum(case((tokens.final, 0), else_=tokens.tokens))
-    query = select(func.count(), func.sum(tokens.tokens), running).where(tokens.job_id == job.job_id)
-    items, generated, in_flight = conn.execute(query).one()
-    if not items:
-        return job
-    if job.state in FINISHED_STATES:  # reports of runs that never stored a result no longer count
-        generated, in_flight = generated - in_flight, 0
-    return replace(job, generated_tokens=generated, running_tokens=in_flight)
+    counts = (
+        select(tokens.job_id, func.count(), func.sum(tokens.tokens), running)
+        .where(tokens.job_id == job_key)
+        .group_by(tokens.job_id)
+        .subquery()
+    )
+    return (
+        select(tables.jobs, *list(counts.c)[1:])
+        .outerjoin(counts, counts.c.job_id == tables.jobs.c.id)
+        .where(tables.jobs.c.id == job_key)
+    )
+
+
+_STATUS = _status_statement()
+_STATUS_IN_TENANTS = _STATUS.where(tables.jobs.c.tenant.in_(bindparam("tenants", expanding=True)))

@@ -109,10 +109,11 @@ def progress_by_job(inserted: bulk.Inserted, now: datetime) -> list[dict[str, An
     ]
 
 
-def job_status(row: Any) -> JobStatus:
-    values = dict(row._mapping)
-    values["job_id"] = values.pop("id")
-    return JobStatus(**values)
+def job_status_of(names: Sequence[str], values: Sequence[Any]) -> JobStatus:
+    """A JobStatus from a jobs row's column names and values."""
+    fields = dict(zip(names, values, strict=True))
+    fields["job_id"] = fields.pop("id")
+    return JobStatus(**fields)
 
 
 def batch_record(row: Row[Any]) -> BatchRecord:

@@ -1,5 +1,5 @@
-"""The SQL schema of batchwork: jobs, their per-item results, the batches that produced them, and the
-tokens generated per item so far.
+"""The SQL schema of batchwork: jobs, their per-item results, the batches that produced them, the
+tokens generated per item so far, and the HTTP API's keys.
 
 Declarations only; migrations/versions must create exactly this (tests compare the two). Nothing here
 opens a connection.
@@ -69,6 +69,8 @@ class Base(DeclarativeBase):
 
 class Job(Base):
     __tablename__ = "jobs"
+    # The API lists a tenant's jobs newest first (keyset on created_at, id).
+    __table_args__ = (Index("ix_jobs_tenant_created_at", "tenant", "created_at"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     model: Mapped[str] = mapped_column(String(200))
@@ -82,6 +84,11 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    # Who submitted it: an API key's tenant, or "default" for jobs from Python (infer.delay, client.submit).
+    tenant: Mapped[str] = mapped_column(String(64), server_default=text("'default'"))
+    # The submitter's own JSON object, returned as given. `metadata` is reserved on declarative classes, so
+    # the attribute has another name than the column.
+    meta: Mapped[Any] = mapped_column("metadata", JSON(none_as_null=True), nullable=True)
 
 
 class Result(Base):
@@ -141,9 +148,26 @@ class GeneratedTokens(Base):
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
+class ApiKey(Base):
+    """A key of the HTTP API. Only its SHA-256 is kept: keys are 256-bit random tokens, so a plain hash
+    cannot be reversed by guessing, and a lookup by hash needs no per-key salt."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (Index("ix_api_keys_key_sha256", "key_sha256", unique=True),)
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)  # shown by `keys list`, for `keys revoke`
+    key_sha256: Mapped[str] = mapped_column(String(64))
+    tenant: Mapped[str] = mapped_column(String(64))
+    # An admin key also sees the jobs of the "default" tenant (those submitted from Python).
+    admin: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+
 metadata = Base.metadata
 # The store writes with Core statements (bulk, dialect-specific ON CONFLICT), so it wants the Tables.
 jobs = cast(Table, Job.__table__)
 results = cast(Table, Result.__table__)
 batches = cast(Table, Batch.__table__)
 generated_tokens = cast(Table, GeneratedTokens.__table__)
+api_keys = cast(Table, ApiKey.__table__)

@@ -108,5 +108,7 @@ class JobStatus:
     # of those by the running ones (as last reported; 0 once the job has finished).
     generated_tokens: int | None = None
     running_tokens: int | None = None
+    tenant: str = "default"
+    metadata: Any = None  # the submitter's JSON value, as given
     # The most common errors of its failed items, with how many items each, most common first.
     errors: tuple[tuple[str, int], ...] = field(default=())

@@ -1,0 +1,76 @@
+"""What the routes work with, built once per app: settings, the client that submits and cancels, the
+store's reads, the keys, and the broker's Redis for queue depth and health.
+
+It holds no per-request state; every read that names a job is scoped to the caller's tenants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+from sqlalchemy import text
+
+from worker.broker.keys import Keys
+from worker.client import Client
+from worker.settings import PRIORITIES, Settings
+from worker.store.catalog import JobCatalog
+from worker.store.keys import KeyStore
+from worker.store.results import ResultStore
+
+
+@dataclass(frozen=True)
+class Backend:
+    settings: Settings
+    client: Client
+    catalog: JobCatalog
+    keys: KeyStore
+    broker: redis.Redis | None  # None when the broker is not Redis
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Backend:
+        client = Client(settings)
+        engine = client.store.engine  # SQLite: created and migrated on first use, like a producer's
+        broker = None if settings.embedded else _broker_redis(settings.broker_url)
+        return cls(settings, client, JobCatalog(engine), KeyStore(engine), broker)
+
+    @property
+    def store(self) -> ResultStore:
+        return self.client.store
+
+    def queue_depth(self) -> dict[str, int]:
+        """Messages waiting in the broker per lane (LLEN of each priority's queue), in one round trip."""
+        if self.broker is None:
+            return dict.fromkeys(PRIORITIES, 0)
+        with self.broker.pipeline(transaction=False) as pipe:
+            for priority in PRIORITIES:
+                pipe.llen(Keys.of(self.settings).queue(priority))
+            lengths = pipe.execute()
+        return {priority: int(length) for priority, length in zip(PRIORITIES, lengths, strict=True)}
+
+    def health(self) -> dict[str, str]:
+        """ "ok" or the error, for the broker and the database."""
+        return {"broker": _check(self._ping_broker), "database": _check(self._ping_database)}
+
+    def _ping_broker(self) -> None:
+        if self.broker is not None:
+            self.broker.ping()
+
+    def _ping_database(self) -> None:
+        with self.store.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+
+def _broker_redis(url: str) -> redis.Redis:
+    from worker.broker.producer import broker_redis
+
+    return broker_redis(url)
+
+
+def _check(probe: Callable[[], None]) -> str:
+    try:
+        probe()
+    except Exception as exc:  # health reports any failure as a line, never raises
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return "ok"

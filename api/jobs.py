@@ -1,0 +1,197 @@
+"""The /v1 routes: submit (JSON or NDJSON), read, list, stream results, cancel, and the models.
+
+Every route that names a job looks it up within the caller's tenants, so another tenant's job is 404, never
+403. Database and broker calls run on the thread pool, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from collections.abc import Iterator
+from itertools import islice
+from typing import Annotated
+from uuid import uuid4
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from api import limits
+from api.auth import backend, caller
+from api.backend import Backend
+from api.schemas import Job, JobList, JobRequest, JobState, ModelInfo, error_responses
+from api.spool import NdjsonSpool
+from worker.calls import expiry
+from worker.jsonl import write_results
+from worker.models.registry import describe
+from worker.store.catalog import InvalidCursor
+from worker.store.keys import ApiKey
+from worker.store.results import JobSpec, JobStatus
+
+router = APIRouter(prefix="/v1", responses=error_responses(401, 422))
+
+Caller = Annotated[ApiKey, Depends(caller)]
+Served = Annotated[Backend, Depends(backend)]
+
+RESULT_LINES_PER_CHUNK = 1000  # lines per write to the socket when streaming results
+# NDJSON arrives in socket-sized pieces (~64 KiB); checking a MiB at a time costs one thread hop per MiB.
+FEED_BYTES = 2**20
+
+_SUBMIT_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": JobRequest.model_json_schema()},
+        limits.NDJSON: {
+            "schema": {"type": "string", "description": "one input a line, as `batchwork run` reads; ?model="}
+        },
+    },
+}
+
+
+@router.post(
+    "/jobs",
+    status_code=202,
+    response_model=Job,
+    openapi_extra={"requestBody": _SUBMIT_BODY},
+    responses=error_responses(413, 429, 503),
+)
+async def submit_job(
+    request: Request,
+    key: Caller,
+    served: Served,
+    model: Annotated[str | None, Query(description="NDJSON bodies: the model")] = None,
+    priority: Annotated[str, Query(description="NDJSON bodies: high, normal or bulk")] = "normal",
+    deadline_s: Annotated[float | None, Query(description="NDJSON bodies: see JobRequest")] = None,
+) -> Job:
+    """Submit a job: a JSON JobRequest, or (large jobs) NDJSON with ``?model=``, read as a stream."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == limits.NDJSON:
+        if model is None:
+            raise HTTPException(422, "an NDJSON body needs ?model=NAME")
+        status = await _submit_ndjson(request, served, key.tenant, model, priority, deadline_s)
+    else:
+        job = _parse_job_request(await request.body())
+        status = await run_in_threadpool(_submit_json, served, key.tenant, job)
+    return Job.of(status)
+
+
+def _parse_job_request(body: bytes) -> JobRequest:
+    try:
+        return JobRequest.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise HTTPException(422, f"{where}: {first['msg']} (send a JSON JobRequest, or NDJSON)") from None
+
+
+def _submit_json(served: Backend, tenant: str, job: JobRequest) -> JobStatus:
+    limits.admit(served, tenant, len(job.inputs))
+    job_id = served.client.submit(
+        job.model, job.inputs, job.priority, job.deadline_s, tenant=tenant, metadata=job.metadata
+    )
+    return _status(served, job_id, [tenant])
+
+
+async def _submit_ndjson(
+    request: Request, served: Backend, tenant: str, model: str, priority: str, deadline_s: float | None
+) -> JobStatus:
+    await run_in_threadpool(limits.admit, served, tenant, 0)  # refuse before reading a large body
+    expires_at = expiry(deadline_s)
+    with tempfile.TemporaryFile() as file:
+        spool = NdjsonSpool(model, priority, served.settings, file)
+        received = bytearray()
+        async for data in request.stream():
+            received += data
+            if len(received) >= FEED_BYTES:
+                await run_in_threadpool(spool.feed, bytes(received))
+                received.clear()
+        await run_in_threadpool(spool.feed, bytes(received))
+        total = await run_in_threadpool(spool.finish)
+        return await run_in_threadpool(_publish_spool, served, tenant, spool, total, expires_at)
+
+
+def _publish_spool(
+    served: Backend, tenant: str, spool: NdjsonSpool, total: int, expires_at: float | None
+) -> JobStatus:
+    limits.admit(served, tenant, total)
+    job_id = str(uuid4())
+    served.store.create_job(
+        JobSpec(job_id, spool.model, spool.priority, total), create_schema=True, tenant=tenant
+    )
+    served.client.publish(spool.calls(job_id, expires_at))
+    return _status(served, job_id, [tenant])
+
+
+@router.get("/jobs", response_model=JobList)
+def list_jobs(
+    key: Caller,
+    served: Served,
+    state: JobState | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: str | None = None,
+) -> JobList:
+    """The caller's jobs, newest first; follow ``next_cursor`` for older ones."""
+    try:
+        page = served.catalog.page(key.tenants, state=state, limit=limit, cursor=cursor)
+    except InvalidCursor as exc:
+        raise HTTPException(422, str(exc)) from None
+    return JobList(jobs=[Job.of(status) for status in page.jobs], next_cursor=page.next_cursor)
+
+
+@router.get("/jobs/{job_id}", response_model=Job, responses=error_responses(404))
+def get_job(job_id: str, key: Caller, served: Served) -> Job:
+    """State, counts (with failed items by error kind), timestamps and metadata."""
+    status = _status(served, job_id, key.tenants)
+    errors = served.catalog.error_kinds(job_id) if status.failed else {}
+    return Job.of(status, errors)
+
+
+@router.get(
+    "/jobs/{job_id}/results",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {limits.NDJSON: {"schema": {"type": "string"}}}, "description": "one line per item"},
+        **error_responses(404),
+    },
+)
+def job_results(
+    job_id: str,
+    key: Caller,
+    served: Served,
+    after: Annotated[int, Query(ge=-1, description="only items of index above this")] = -1,
+    limit: Annotated[int | None, Query(ge=1, description="at most this many lines")] = None,
+) -> StreamingResponse:
+    """Stored results in index order as NDJSON (``index``, ``id``, ``output`` or ``error``), streamed."""
+    _status(served, job_id, key.tenants)
+    outcomes = islice(served.store.results(job_id, after=after), limit)
+    return StreamingResponse(_ndjson_chunks(outcomes), media_type=limits.NDJSON)
+
+
+def _ndjson_chunks(outcomes: Iterator[object]) -> Iterator[bytes]:
+    while chunk := list(islice(outcomes, RESULT_LINES_PER_CHUNK)):
+        out = io.BytesIO()
+        write_results(out, chunk)
+        yield out.getvalue()
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=Job, responses=error_responses(404))
+def cancel_job(job_id: str, key: Caller, served: Served) -> Job:
+    """Cancel a queued or running job (a finished one stays as it is); its waiting items end cancelled."""
+    _status(served, job_id, key.tenants)
+    served.store.cancel(job_id)
+    return Job.of(_status(served, job_id, key.tenants))
+
+
+@router.get("/models", response_model=list[ModelInfo])
+def list_models(key: Caller, served: Served) -> list[ModelInfo]:
+    """The models this deployment serves (BATCHWORK_MODELS), with their default batch size N and wait T."""
+    return [ModelInfo(**row._asdict()) for row in describe(served.settings) if not isinstance(row, Exception)]
+
+
+def _status(served: Backend, job_id: str, tenants: list[str] | tuple[str, ...]) -> JobStatus:
+    status = served.store.status(job_id, tenants)
+    if status is None:
+        raise HTTPException(404, f"no job {job_id}")
+    return status

@@ -1,0 +1,99 @@
+"""An NDJSON job body, read as it arrives: each chunk of lines checked by the producers' own checks
+(``new_call`` and ``check_items``) and kept in a temporary file, then published from that file.
+
+Memory holds one chunk, never the body. A bad line anywhere refuses the whole body before anything is
+registered or enqueued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from itertools import islice
+from typing import IO, Any
+
+import orjson
+
+from api.limits import check_job_size
+from worker.calls import InferCall, check_items, new_call
+from worker.errors import InvalidInput
+from worker.settings import Settings
+
+# A line holds one item of at most max_input_chars characters; JSON may spell a character in up to six
+# bytes (\uXXXX), plus the item's other fields. A longer line is refused before it fills memory.
+LINE_OVERHEAD_BYTES = 64 * 1024
+
+
+class NdjsonSpool:
+    def __init__(self, model: str, priority: str, settings: Settings, file: IO[bytes]) -> None:
+        self.model = model
+        self.priority = priority
+        self.settings = settings
+        self.total = 0  # items checked and spooled
+        self._file = file  # a temporary file of the caller's
+        self._line = 0  # lines seen, blank ones included, for error messages
+        self._partial = b""  # the end of the last chunk, up to its first unfinished line
+        self._items: list[Any] = []
+        self._raws: list[bytes] = []  # each item's line as it came: the spool keeps it as it is
+        self._lines: list[int] = []  # line number of each item in _items
+        self._max_line_bytes = settings.max_input_chars * 6 + LINE_OVERHEAD_BYTES
+
+    def feed(self, data: bytes) -> None:
+        """Take the next bytes of the body; raise InvalidInput (naming the line) or a 429 on the first
+        line that cannot run."""
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > self._max_line_bytes:
+            raise InvalidInput(f"line {self._line + len(lines) + 1}: over {self._max_line_bytes} bytes")
+        for raw in lines:
+            self._take(raw)
+
+    def finish(self) -> int:
+        """The body has ended: check what is left; returns the number of items."""
+        if self._partial:
+            self._take(self._partial)
+            self._partial = b""
+        self._check_chunk()
+        if self.total == 0:
+            raise InvalidInput("the body holds no inputs: send one JSON input a line")
+        return self.total
+
+    def calls(self, job_id: str, expires_at: float | None) -> Iterator[InferCall]:
+        """The job's messages, read back from the spool one chunk at a time."""
+        self._file.seek(0)
+        size = self.settings.submit_chunk_size
+        for offset in range(0, self.total, size):
+            items = [orjson.loads(line) for line in islice(self._file, size)]
+            yield InferCall(job_id, self.model, items, self.priority, offset, self.total, expires_at)
+
+    def _take(self, raw: bytes) -> None:
+        self._line += 1
+        if not raw.strip():
+            return
+        try:
+            item = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInput(f"line {self._line}: not valid JSON ({exc})") from None
+        self._items.append(item)
+        self._raws.append(raw)
+        self._lines.append(self._line)
+        if len(self._items) >= self.settings.submit_chunk_size:
+            self._check_chunk()
+
+    def _check_chunk(self) -> None:
+        if not self._items:
+            return
+        offset, count = self.total, self.total + len(self._items)
+        check_job_size(count, self.settings)
+        kwargs = {"model": self.model, "inputs": self._items, "priority": self.priority or None}
+        call = replace(new_call("", kwargs, self.settings), offset=offset, total=count)
+        try:
+            check_items(call, self.settings)
+        except InvalidInput as exc:
+            if exc.index is None:
+                raise
+            raise InvalidInput(f"line {self._lines[exc.index - offset]}: {exc.detail}") from None
+        self._file.write(b"\n".join(self._raws) + b"\n")
+        self.priority = call.priority  # as the checks read it ("" is normal)
+        self.total = count
+        self._items, self._raws, self._lines = [], [], []

@@ -1,0 +1,86 @@
+"""schemathesis against the API's own OpenAPI document, on a live `batchwork api` with a valid key: no
+answer is a server error, and every answer matches the document (status, content type, headers, schema).
+
+No worker runs: submitted jobs stay queued, which every route handles the same. One check is left out:
+"schema-valid data is accepted". Whether an input fits a model is the model's own check (the registry's,
+shared with every producer), which no JSON schema of the API can state, so a schema-valid job for a model
+that needs {"text": ...} is rightly refused with 422.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.core.result import Err
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from tests.integration.api_server import api_server, make_key
+from tests.integration.processes import service_env
+from worker.store.results import ResultStore
+
+EXAMPLES_PER_ROUTE = 50
+
+
+@schemathesis.serializer("application/x-ndjson")
+def ndjson(_context: schemathesis.SerializationContext, value: Any) -> bytes:
+    """A generated NDJSON body: a list becomes one line per element; anything else, one line."""
+    items = value if isinstance(value, list) else [value]
+    return b"".join(orjson.dumps(item) + b"\n" for item in items)
+
+
+@pytest.fixture
+def live_api(redis_url: str, pg_url: str, pg_store: ResultStore) -> Iterator[tuple[str, str]]:
+    env = service_env(redis_url, pg_url, metrics_port=0)
+    key = make_key(pg_url, "fuzz")
+    with api_server(env) as api:
+        yield api.url, key
+
+
+@pytest.mark.slow
+def test_every_route_answers_as_its_schema_says(live_api: tuple[str, str]) -> None:
+    # Each operation's strategy run by hypothesis directly: schemathesis' pytest plugin (from_fixture)
+    # renames test nodes through a pytest internal that pytest 9 no longer has.
+    url, key = live_api
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+    failures = []
+    routes = calls = 0
+    for result in schema.get_all_operations():
+        if isinstance(result, Err):
+            failures.append(f"an operation the schema cannot describe: {result.err()}")
+            continue
+        operation = result.ok()
+        routes += 1
+        try:
+            calls += _fuzz(operation, key)
+        except Exception as exc:  # collect every route's failure, then report them all
+            failures.append(f"{operation.method.upper()} {operation.path}: {exc}")
+    assert routes >= 7
+    assert calls >= routes * 10, f"only {calls} requests over {routes} routes"
+    assert not failures, "\n\n".join(failures)
+
+
+def _fuzz(operation: Any, key: str) -> int:
+    """Run the operation's generated cases against the server; returns how many requests were sent."""
+    calls = 0
+
+    @given(case=operation.as_strategy())
+    @settings(
+        max_examples=EXAMPLES_PER_ROUTE,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    def route(case: schemathesis.Case) -> None:
+        nonlocal calls
+        calls += 1
+        case.call_and_validate(
+            headers={"Authorization": f"Bearer {key}"}, excluded_checks=[positive_data_acceptance]
+        )
+
+    route()
+    return calls

@@ -1,0 +1,65 @@
+"""The NDJSON spool of the HTTP API: lines split anywhere across the body's pieces, errors naming the line,
+and the messages it publishes holding every item once, in order."""
+
+from __future__ import annotations
+
+import tempfile
+
+import orjson
+import pytest
+from fastapi import HTTPException
+from hypothesis import given
+from hypothesis import strategies as st
+
+from api.spool import NdjsonSpool
+from worker.models.base import InvalidInput
+from worker.settings import Settings
+
+SETTINGS = Settings(submit_chunk_size=7, max_items_per_job=50, max_input_chars=100)
+
+
+def spooled(pieces: list[bytes], settings: Settings = SETTINGS) -> list[list[object]]:
+    with tempfile.TemporaryFile() as file:
+        spool = NdjsonSpool("noop", "bulk", settings, file)
+        for piece in pieces:
+            spool.feed(piece)
+        total = spool.finish()
+        calls = list(spool.calls("job", None))
+    assert all(call.total == total and call.priority == "bulk" for call in calls)
+    assert [call.offset for call in calls] == list(range(0, total, settings.submit_chunk_size))
+    return [list(call.inputs) for call in calls]
+
+
+@given(count=st.integers(1, 40), cuts=st.lists(st.integers(0, 2000), max_size=12))
+def test_every_item_is_published_once_in_order_wherever_the_body_is_cut(count: int, cuts: list[int]) -> None:
+    items = [{"id": f"d{i}", "text": f"text {i}"} for i in range(count)]
+    body = b"\n\n".join(orjson.dumps(item) for item in items)  # blank lines are skipped
+    edges = sorted({0, len(body), *(cut % (len(body) + 1) for cut in cuts)})
+    pieces = [body[start:end] for start, end in zip(edges, edges[1:], strict=False)]
+
+    published = [item for chunk in spooled(pieces) for item in chunk]
+
+    assert published == items
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b'"a"\n"b"\n{"text": \n', "line 3: not valid JSON"),
+        (b'"a"\n\n{"id": 1, "text": ""}\n', "line 3: field 'text' is empty"),
+        (b'"a"\n' * 9 + b"17\n", "line 10: expected a string or an object with field 'text'"),
+        (b"\n\n", "the body holds no inputs"),
+    ],
+)
+def test_a_bad_line_is_refused_by_its_number(body: bytes, error: str) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        spooled([body])
+    assert str(refused.value).startswith(error)
+
+
+def test_too_many_items_is_429_and_an_endless_line_is_refused_before_it_fills_memory() -> None:
+    with pytest.raises(HTTPException) as refused:
+        spooled([b'"x"\n' * 51])
+    assert refused.value.status_code == 429
+    with pytest.raises(InvalidInput, match="line 2: over"):
+        spooled([b'"x"\n"', b"y" * 70_000])
