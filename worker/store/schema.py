@@ -13,7 +13,9 @@ from alembic.config import Config
 # The Alembic environment: installed as worker.migrations (see pyproject.toml), the migrations/ folder of a
 # checkout otherwise (an editable install maps the package there too).
 _INSTALLED = Path(__file__).resolve().parents[1] / "migrations"
-MIGRATIONS_DIR = _INSTALLED if (_INSTALLED / "env.py").exists() else Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS_DIR = (
+    _INSTALLED if (_INSTALLED / "env.py").exists() else Path(__file__).resolve().parents[2] / "migrations"
+)
 
 
 def alembic_config(url: str) -> Config:
