@@ -1,34 +1,52 @@
 """One length bucket of a lane: items queued per job, taken in turns within N and a token budget.
 
-Pure: items and numbers only; never imports an edge of the system.
+Every operation costs O(items taken · log jobs), never a scan of the jobs held: a worker may hold tens of
+thousands of single-item jobs, and the scheduler runs under the lock the intake also needs. Pure: items
+and numbers only; never imports an edge of the system.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from typing import TYPE_CHECKING
+import heapq
+from collections import Counter, OrderedDict, deque
+from itertools import count
 
-if TYPE_CHECKING:
-    from worker.batching.policy import LanePolicy
-    from worker.batching.scheduler import Item
+from worker.batching.items import Item
+from worker.batching.policy import LanePolicy
 
 
 class Bucket:
     def __init__(self) -> None:
+        # Each job's waiting items in arrival order; jobs least recently served first (the turn order).
         self.jobs: OrderedDict[str, deque[Item]] = OrderedDict()
         self.size = 0
-        self.longest = 0  # the longest waiting item's length
+        self._heads: list[tuple[float, int, Item]] = []  # each job's first item, by arrival; stale ones stay
+        self._lengths = _Lengths()
+        self._seq = count()
+
+    @property
+    def longest(self) -> int:
+        """The longest waiting item's length."""
+        return self._lengths.most()
 
     def add(self, item: Item) -> None:
         queue = self.jobs.get(item.job_id)
         if queue is None:
             queue = self.jobs[item.job_id] = deque()
         queue.append(item)
+        if len(queue) == 1:
+            heapq.heappush(self._heads, (item.arrived, next(self._seq), item))
         self.size += 1
-        self.longest = max(self.longest, item.length)
+        self._lengths.add(item.length)
 
-    def oldest_arrival(self) -> float:
-        return min(queue[0].arrived for queue in self.jobs.values())
+    def oldest(self) -> Item:
+        """The item that has waited longest (every job's items wait in arrival order: it heads its job)."""
+        while True:
+            _, _, item = self._heads[0]
+            queue = self.jobs.get(item.job_id)
+            if queue and queue[0] is item:
+                return item
+            heapq.heappop(self._heads)  # that job's head has moved on since
 
     def is_full(self, policy: LanePolicy) -> bool:
         if self.size >= policy.max_batch_size:
@@ -39,55 +57,81 @@ class Bucket:
     def take_into(self, batch: list[Item], policy: LanePolicy) -> None:
         """Move items into ``batch``, one per job in turn, while N and the token budget allow.
 
-        The job holding the oldest item goes first, so the item whose deadline fired always rides.
-        Jobs that gave an item move to the back; the next batch starts with the jobs not reached.
-        An item longer than the whole budget still runs, alone.
+        The job holding the oldest item goes first (so the item whose deadline fired always rides), unless
+        the job first in turn holds one as old; then jobs in turn order. Jobs that gave an item move to the
+        back, so the next batch starts with the jobs not reached. An item longer than the whole budget
+        still runs, alone.
         """
-        if not self.size:
-            return
-        self._rotate_to_oldest()
         longest = max((item.length for item in batch), default=0)
-        while self.jobs and len(batch) < policy.max_batch_size:
+        while self.size and len(batch) < policy.max_batch_size:
             served: list[str] = []
-            over_budget = False
-            for job_id, queue in self.jobs.items():
-                if len(batch) == policy.max_batch_size:
-                    break
-                if not _fits(batch, longest, queue[0].length, policy.max_batch_tokens):
-                    over_budget = True
-                    break
-                item = queue.popleft()
-                batch.append(item)
-                longest = max(longest, item.length)
+            for job_id in self._turns(len(batch), policy.max_batch_size):
+                length = self.jobs[job_id][0].length
+                if not _fits(batch, longest, length, policy.max_batch_tokens):
+                    self._requeue(served)
+                    return
+                batch.append(self._pop_head(job_id))
+                longest = max(longest, length)
                 served.append(job_id)
             self._requeue(served)
-            if over_budget:
-                break
-        self.longest = max((item.length for queue in self.jobs.values() for item in queue), default=0)
-
-    def peek_oldest(self) -> Item:
-        return min((queue[0] for queue in self.jobs.values()), key=lambda item: item.arrived)
 
     def pop_oldest(self) -> Item:
-        self._rotate_to_oldest()
-        job_id, queue = next(iter(self.jobs.items()))
-        item = queue.popleft()
+        """The oldest item, taken alone (continuous batching admits one at a time)."""
+        job_id = self.oldest().job_id
+        item = self._pop_head(job_id)
         self._requeue([job_id])
-        self.longest = max((i.length for q in self.jobs.values() for i in q), default=0)
         return item
 
-    def _rotate_to_oldest(self) -> None:
-        oldest = min(self.jobs, key=lambda job_id: self.jobs[job_id][0].arrived)
-        while next(iter(self.jobs)) != oldest:
-            self.jobs.move_to_end(next(iter(self.jobs)))
+    def _turns(self, taken: int, most: int) -> list[str]:
+        """The jobs to serve one item each in this round: the oldest item's job first, then turn order."""
+        first = self.oldest().job_id
+        front = next(iter(self.jobs))
+        if self.jobs[front][0].arrived <= self.jobs[first][0].arrived:
+            first = front
+        turns = [first]
+        for job_id in self.jobs:
+            if len(turns) >= most - taken:
+                break
+            if job_id != first:
+                turns.append(job_id)
+        return turns
+
+    def _pop_head(self, job_id: str) -> Item:
+        queue = self.jobs[job_id]
+        item = queue.popleft()
+        self.size -= 1
+        self._lengths.remove(item.length)
+        if queue:
+            heapq.heappush(self._heads, (queue[0].arrived, next(self._seq), queue[0]))
+        return item
 
     def _requeue(self, served: list[str]) -> None:
         for job_id in served:
-            self.size -= 1
             if self.jobs[job_id]:
                 self.jobs.move_to_end(job_id)
             else:
                 del self.jobs[job_id]
+
+
+class _Lengths:
+    """A multiset of lengths that answers its largest in O(log n) amortized (a heap, pruned lazily)."""
+
+    def __init__(self) -> None:
+        self._heap: list[int] = []  # negated lengths
+        self._count: Counter[int] = Counter()
+
+    def add(self, length: int) -> None:
+        if not self._count[length]:
+            heapq.heappush(self._heap, -length)
+        self._count[length] += 1
+
+    def remove(self, length: int) -> None:
+        self._count[length] -= 1
+
+    def most(self) -> int:
+        while self._heap and not self._count[-self._heap[0]]:
+            heapq.heappop(self._heap)
+        return -self._heap[0] if self._heap else 0
 
 
 def _fits(batch: list[Item], longest: int, length: int, budget: int | None) -> bool:

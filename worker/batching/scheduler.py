@@ -2,130 +2,21 @@
 
 Items wait in lanes (model x priority), and inside a lane in length buckets. A lane is ready when a
 bucket holds N items or a full token budget, or when its oldest item has waited T; the scheduler
-hands out a batch from the most urgent ready lane, with aging so that no lane starves. This module
-knows items, lengths and a clock reading, and must never import Celery, Redis, SQLAlchemy or torch.
+hands out a batch from the most urgent ready lane, with aging so that no lane starves. It also keeps each
+model's batch-size cap after running out of memory. This module knows items, lengths and a clock reading,
+and must never import Celery, Redis, SQLAlchemy or torch.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from typing import Any
 
 from worker.batching.backoff import SizeLimit
-from worker.batching.buckets import Bucket
+from worker.batching.items import Batch, Item, LaneKey
+from worker.batching.lanes import LaneQueue
 from worker.batching.policy import LanePolicy
 
-LaneKey = tuple[str, str]  # (model, priority)
-
-
-@dataclass(frozen=True, slots=True)
-class Item:
-    job_id: str
-    index: int
-    length: int  # cost in tokens (1 for models without a notion of length)
-    arrived: float  # clock reading when the item entered the worker
-    ref: Any = None  # the runtime's own handle (payload, message); opaque here
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    lane: LaneKey
-    items: tuple[Item, ...]
-    formed_at: float
-
-    @property
-    def model(self) -> str:
-        return self.lane[0]
-
-    @property
-    def real_tokens(self) -> int:
-        return sum(item.length for item in self.items)
-
-    @property
-    def padded_tokens(self) -> int:
-        return max(item.length for item in self.items) * len(self.items)
-
-    @property
-    def oldest_wait_s(self) -> float:
-        return self.formed_at - min(item.arrived for item in self.items)
-
-
-@dataclass
-class Lane:
-    """The items of one model and priority, in length buckets."""
-
-    key: LaneKey
-    configured: LanePolicy
-    buckets: list[Bucket] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.size = 0  # kept, not summed: it is read once per item added
-        self.waiting_since = self.served_at = float("-inf")
-        self.policy = self.configured  # the configured policy, with N lowered while a size cap holds
-        self.buckets = [Bucket() for _ in range(len(self.policy.bucket_edges) + 1)]
-
-    def cap_size(self, cap: int | None) -> None:
-        size = self.configured.max_batch_size if cap is None else min(cap, self.configured.max_batch_size)
-        self.policy = replace(self.configured, max_batch_size=size)
-
-    def add(self, item: Item) -> None:
-        if not self.size:
-            self.waiting_since = item.arrived
-        self.buckets[bisect_left(self.policy.bucket_edges, item.length)].add(item)
-        self.size += 1
-
-    def oldest_arrival(self) -> float:
-        return min(bucket.oldest_arrival() for bucket in self.buckets if bucket.size)
-
-    def deadline(self) -> float:
-        return self.oldest_arrival() + self.policy.max_wait_s
-
-    def starving(self, now: float) -> bool:
-        """Has this lane gone ``max_delay_s`` with items waiting and no batch served?
-
-        Measured from the later of the last batch and the moment items began to wait, not from the
-        oldest item's arrival: a lane working through its own backlog is served, not starved, and
-        must not jump ahead of urgent lanes at every boundary.
-        """
-        bound = self.policy.max_delay_s
-        return bound is not None and now - max(self.waiting_since, self.served_at) >= bound
-
-    def full_bucket(self) -> int | None:
-        """The bucket (oldest first) that already fills a batch by count or by token budget."""
-        full = [i for i, bucket in enumerate(self.buckets) if bucket.is_full(self.policy)]
-        return min(full, key=lambda i: self.buckets[i].oldest_arrival(), default=None)
-
-    def is_ready(self, now: float) -> bool:
-        return now >= self.deadline() or self.full_bucket() is not None
-
-    def oldest_bucket(self) -> Bucket:
-        return min((b for b in self.buckets if b.size), key=Bucket.oldest_arrival)
-
-    def take(self, now: float) -> list[Item]:
-        """A batch: when T is up, the oldest item's bucket topped up from others; else a full bucket.
-
-        Topping up takes the nearest buckets first (shorter before longer at equal distance), so a
-        deadline batch is as long as N and the token budget allow with as little padding as possible.
-        """
-        seed = None if now >= self.deadline() else self.full_bucket()
-        if seed is None:
-            seed = min(
-                (i for i, b in enumerate(self.buckets) if b.size),
-                key=lambda i: self.buckets[i].oldest_arrival(),
-            )
-            order = sorted(range(len(self.buckets)), key=lambda i: (abs(i - seed), i > seed))
-        else:
-            order = [seed]
-        taken: list[Item] = []
-        for i in order:
-            self.buckets[i].take_into(taken, self.policy)
-            if len(taken) >= self.policy.max_batch_size:
-                break
-        self.served_at = now
-        self.size -= len(taken)
-        return taken
+__all__ = ["Batch", "Item", "LaneKey", "Scheduler"]
 
 
 class Scheduler:
@@ -133,7 +24,7 @@ class Scheduler:
 
     def __init__(self, policy_for: Callable[[LaneKey], LanePolicy]) -> None:
         self._policy_for = policy_for
-        self._lanes: dict[LaneKey, Lane] = {}
+        self._lanes: dict[LaneKey, LaneQueue] = {}
         self._limits: dict[
             str, SizeLimit
         ] = {}  # per model: the batch size trusted since it ran out of memory
@@ -142,9 +33,13 @@ class Scheduler:
         key = (model, priority)
         lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[key] = Lane(key, self._policy_for(key))
-            lane.cap_size(self._limits[model].cap if model in self._limits else None)
+            lane = self._lanes[key] = LaneQueue(key, self._policy_for(key), self._cap(model))
         lane.add(item)
+
+    def reconfigure(self) -> None:
+        """Ask ``policy_for`` again for every lane (the settings or tuned limits changed)."""
+        for key, lane in self._lanes.items():
+            lane.reconfigure(self._policy_for(key), self._cap(key[0]))
 
     def batch_ran(
         self, batch: Batch, out_of_memory_at: int | None, largest_ok: int
@@ -189,12 +84,7 @@ class Scheduler:
         if not lanes:
             return None
         lane = _most_urgent(lanes, now)
-        bucket = lane.oldest_bucket()
-        if not fits(bucket.peek_oldest()):
-            return None
-        lane.served_at = now
-        lane.size -= 1
-        return bucket.pop_oldest()
+        return lane.pop_oldest(now) if fits(lane.peek_oldest()) else None
 
     def waiting_for(self, model: str) -> int:
         return sum(lane.size for key, lane in self._lanes.items() if key[0] == model)
@@ -203,13 +93,17 @@ class Scheduler:
         """When the earliest lane becomes ready by waiting alone, or None when nothing waits."""
         return min((lane.deadline() for lane in self._waiting(continuous=False)), default=None)
 
-    def _waiting(self, *, continuous: bool) -> Iterator[Lane]:
+    def _cap(self, model: str) -> int | None:
+        limit = self._limits.get(model)
+        return None if limit is None else limit.cap
+
+    def _waiting(self, *, continuous: bool) -> Iterator[LaneQueue]:
         return (lane for lane in self._lanes.values() if lane.size and lane.policy.continuous == continuous)
 
 
-def _most_urgent(lanes: list[Lane], now: float) -> Lane:
+def _most_urgent(lanes: list[LaneQueue], now: float) -> LaneQueue:
     """A lane past its starvation bound first (the longest waiting of those), else the lowest rank."""
     starving = [lane for lane in lanes if lane.starving(now)]
     if starving:
-        return min(starving, key=Lane.oldest_arrival)
+        return min(starving, key=LaneQueue.oldest_arrival)
     return min(lanes, key=lambda lane: (lane.policy.rank, lane.oldest_arrival()))

@@ -1,0 +1,43 @@
+"""What the scheduler orders: items waiting in a lane, and the batches it hands out.
+
+Pure values; never imports an edge of the system.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+LaneKey = tuple[str, str]  # (model, priority)
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    job_id: str
+    index: int
+    length: int  # cost in tokens (1 for models without a notion of length)
+    arrived: float  # clock reading when the item entered the worker
+    ref: Any = None  # the runtime's own handle (payload, message); opaque here
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    lane: LaneKey
+    items: tuple[Item, ...]
+    formed_at: float
+
+    @property
+    def model(self) -> str:
+        return self.lane[0]
+
+    @property
+    def real_tokens(self) -> int:
+        return sum(item.length for item in self.items)
+
+    @property
+    def padded_tokens(self) -> int:
+        return max(item.length for item in self.items) * len(self.items)
+
+    @property
+    def oldest_wait_s(self) -> float:
+        return self.formed_at - min(item.arrived for item in self.items)
