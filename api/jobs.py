@@ -25,7 +25,7 @@ from api.schemas import Job, JobList, JobRequest, JobState, ModelInfo, error_res
 from api.spool import NdjsonSpool
 from worker.calls import expiry
 from worker.jsonl import write_results
-from worker.models.registry import describe
+from worker.models.registry import served_models
 from worker.store.catalog import InvalidCursor
 from worker.store.keys import ApiKey
 from worker.store.results import JobSpec, JobStatus
@@ -187,7 +187,9 @@ def cancel_job(job_id: str, key: Caller, served: Served) -> Job:
 @router.get("/models", response_model=list[ModelInfo])
 def list_models(key: Caller, served: Served) -> list[ModelInfo]:
     """The models this deployment serves (BATCHWORK_MODELS), with their default batch size N and wait T."""
-    return [ModelInfo(**row._asdict()) for row in describe(served.settings) if not isinstance(row, Exception)]
+    return [
+        ModelInfo(**row._asdict()) for row in served_models(served.settings) if not isinstance(row, Exception)
+    ]
 
 
 def _status(served: Backend, job_id: str, tenants: list[str] | tuple[str, ...]) -> JobStatus:

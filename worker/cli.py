@@ -98,7 +98,7 @@ def run(
     from worker.runtime.embedded import embedded_worker
 
     client.store.ensure_sqlite_schema()
-    console.print(Text(f"no broker configured: running an in-process worker on {client.store.describe()}"))
+    console.print(Text(f"no broker configured: running an in-process worker on {client.store.location()}"))
     with embedded_worker(celery_app):
         _run_and_write(client, call, inputs, output_path)
 
@@ -273,7 +273,7 @@ def worker(loglevel: str = "INFO", hostname: str | None = None) -> None:
     store = _client(settings).store
     store.ensure_sqlite_schema()
     if not store.has_schema():
-        raise SetupError(f"the database {store.describe()} has no batchwork schema: run `batchwork migrate`")
+        raise SetupError(f"the database {store.location()} has no batchwork schema: run `batchwork migrate`")
     from worker.celery_app import app as celery_app
 
     argv = ["worker", f"--loglevel={loglevel}"]
@@ -367,10 +367,10 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="the id from `batchwo
 @app.command()
 def models() -> None:
     """The models this deployment serves (BATCHWORK_MODELS), with their default N and T."""
-    from worker.models.registry import describe
+    from worker.models.registry import served_models
 
     table = Table("name", "description", "N", "T ms")
-    for row in describe(get_settings()):
+    for row in served_models(get_settings()):
         if isinstance(row, BatchworkError):
             table.add_row("", Text(str(row), style="red"), "", "")
         else:

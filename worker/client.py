@@ -150,7 +150,7 @@ class Client:
                 return _queued(job_id, pending)
             status = self.store.status(job_id)  # recorded in SQL between the two reads
         if status is None:
-            raise JobNotFound(f"no job {job_id} in {self.store.describe()}")
+            raise JobNotFound(f"no job {job_id} in {self.store.location()}")
         return status
 
     def results(self, job_id: str) -> Iterator[ItemResult]:

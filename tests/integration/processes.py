@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from worker.store.values import FINISHED_STATES
+
 ROOT = Path(__file__).resolve().parents[2]
 READY_LINE = "batchwork engine ready"
 # The models the test deployments serve: the built-ins and the tests' own (BATCHWORK_MODELS).
@@ -22,11 +24,11 @@ TEST_MODELS = [
     "minilm",
     "noop",
     "simulated",
-    "tests.integration.echo_model:Echo",
-    "tests.integration.counting_model:Counter",
-    "tests.integration.fault_models:Poison",
-    "tests.integration.fault_models:OutOfMemoryAbove16",
-    "tests.integration.fault_models:Crash",
+    "tests.support.models:Echo",
+    "tests.support.models:Counter",
+    "tests.support.models:Poison",
+    "tests.support.models:OutOfMemoryAbove16",
+    "tests.support.models:Crash",
 ]
 
 
@@ -138,9 +140,7 @@ def wait_finished(store: Any, job_ids: Sequence[str], timeout_s: float = 120) ->
     deadline = time.monotonic() + timeout_s
     while True:
         statuses = [store.status(job_id) for job_id in job_ids]
-        if all(
-            s is not None and s.state in {"succeeded", "failed", "partial", "cancelled"} for s in statuses
-        ):
+        if all(s is not None and s.state in FINISHED_STATES for s in statuses):
             return statuses
         if time.monotonic() > deadline:
             pending = [s for s in statuses if s is None or s.finished_at is None]

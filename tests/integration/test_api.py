@@ -25,11 +25,11 @@ from tests.integration.api_server import api_server, free_port, make_key, wait_u
 from tests.integration.processes import produce, service_env, workers
 from worker.store.db import make_engine
 from worker.store.results import ResultStore
+from worker.store.values import FINISHED_STATES
 
-ECHO = "tests.integration.echo_model:Echo"
-POISON = "tests.integration.fault_models:Poison"
+ECHO = "tests.support.models:Echo"
+POISON = "tests.support.models:Poison"
 QUEUES = ("batchwork.high", "batchwork.normal", "batchwork.bulk")
-FINISHED = {"succeeded", "failed", "partial", "cancelled"}
 
 
 class Tenant:
@@ -46,7 +46,7 @@ class Tenant:
     def wait(self, job_id: str, timeout_s: float = 60) -> dict[str, Any]:
         def finished() -> dict[str, Any] | None:
             job = self.http.get(f"/v1/jobs/{job_id}").json()
-            return job if job["state"] in FINISHED else None
+            return job if job["state"] in FINISHED_STATES else None
 
         return wait_until(finished, timeout_s, lambda: f"job {job_id} unfinished", poll_s=0.2)
 

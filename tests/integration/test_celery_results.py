@@ -13,7 +13,7 @@ from worker.errors import InvalidInput, JobFailed
 from worker.settings import get_settings
 from worker.store.results import ResultStore
 
-POISON = "tests.integration.fault_models:Poison"
+POISON = "tests.support.models:Poison"
 
 
 @pytest.fixture

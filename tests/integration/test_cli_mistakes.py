@@ -163,8 +163,8 @@ def test_a_model_that_fails_to_load_fails_its_job_with_the_reason(tmp_path: Path
 def test_run_and_status_show_the_most_common_errors(tmp_path: Path) -> None:
     texts = ["fine", "poison", "fine too", "poison"]
     (tmp_path / "in.jsonl").write_text("\n".join(json.dumps({"text": text}) for text in texts))
-    env = embedded_env(MODELS=json.dumps(["noop", "tests.integration.fault_models:Poison"]))
-    done = batchwork(tmp_path, "run", "in.jsonl", "-m", "tests.integration.fault_models:Poison", env=env)
+    env = embedded_env(MODELS=json.dumps(["noop", "tests.support.models:Poison"]))
+    done = batchwork(tmp_path, "run", "in.jsonl", "-m", "tests.support.models:Poison", env=env)
     assert done.returncode == 1, done.stderr
     assert "partial: 2 done, 2 failed" in done.stderr
     assert "2 × ValueError: cannot digest 'poison'" in done.stderr

@@ -10,7 +10,7 @@ import pytest
 from tests.integration.processes import WorkerProcess, produce, service_env
 from worker.store.results import ResultStore
 
-CRASH = "tests.integration.fault_models:Crash"
+CRASH = "tests.support.models:Crash"
 
 
 @pytest.mark.slow

@@ -59,7 +59,7 @@ def test_generation_through_the_pipeline_equals_greedy_generate(
     assert counts[1:] == [(o["tokens"], 0) for o in outputs[4:]]
 
 
-COUNTER = "tests.integration.counting_model:Counter"
+COUNTER = "tests.support.models:Counter"
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from worker.store import tables
 from worker.store.results import ResultStore
 from worker.store.values import FINISHED_STATES
 
-ECHO = "tests.integration.echo_model:Echo"
+ECHO = "tests.support.models:Echo"
 QUEUES = ("batchwork.high", "batchwork.normal", "batchwork.bulk")
 
 weird = st.one_of(

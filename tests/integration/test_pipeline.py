@@ -15,7 +15,7 @@ from celery import Celery
 from tests.integration.processes import produce, service_env, wait_finished, workers
 from worker.store.results import ResultStore
 
-ECHO = "tests.integration.echo_model:Echo"
+ECHO = "tests.support.models:Echo"
 QUEUES = ("batchwork.high", "batchwork.normal", "batchwork.bulk")
 
 
@@ -192,9 +192,7 @@ def test_one_poison_item_fails_alone_and_the_rest_of_its_batches_succeed(stack) 
     env, store = stack
     inputs = [f"text {i}" for i in range(1000)]
     inputs[437] = "poison"
-    [job_id] = produce(
-        env, [{"via": "submit", "model": "tests.integration.fault_models:Poison", "inputs": inputs}]
-    )
+    [job_id] = produce(env, [{"via": "submit", "model": "tests.support.models:Poison", "inputs": inputs}])
     with workers(env):
         [status] = wait_finished(store, [job_id])
     assert (status.state, status.done, status.failed) == ("partial", 999, 1)
@@ -207,7 +205,7 @@ def test_one_poison_item_fails_alone_and_the_rest_of_its_batches_succeed(stack) 
 @pytest.mark.slow
 def test_out_of_memory_splits_batches_and_lowers_n_without_failing_anything(stack) -> None:
     env, store = stack
-    model = "tests.integration.fault_models:OutOfMemoryAbove16"
+    model = "tests.support.models:OutOfMemoryAbove16"
     [job_id] = produce(env, [{"via": "submit", "model": model, "inputs": [f"t{i}" for i in range(2000)]}])
     with workers(env):
         [status] = wait_finished(store, [job_id])

@@ -47,3 +47,18 @@ def test_imports_stay_light(module: str, forbidden: list[str]) -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""
+
+
+def test_a_producer_import_loads_no_engine_store_or_model() -> None:
+    """`from worker.tasks import infer` loads Celery and the checks: never the engine, SQL or a model."""
+    code = "import sys\nfrom worker.tasks import infer\nprint(' '.join(sorted(sys.modules)))\n"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.split()
+    heavy = [m for m in loaded if m.startswith(("worker.runtime", "worker.store", "sqlalchemy", "torch"))]
+    models = [
+        m
+        for m in loaded
+        if m.startswith("worker.models.") and m not in ("worker.models.base", "worker.models.registry")
+    ]
+    assert heavy == [] and models == [], heavy + models

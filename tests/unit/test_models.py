@@ -12,21 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.echo_model import Echo
+from tests.support.models import Echo
 from worker.models.base import InvalidInput
 from worker.models.noop import Noop
-from worker.models.registry import BUILTIN_MODELS, UnknownModel, describe, model_class
+from worker.models.registry import BUILTIN_MODELS, UnknownModel, model_class, served_models
 from worker.models.simulated import Simulated
 from worker.settings import Settings
 
 MAX_CHARS = 100
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ECHO = "tests.integration.echo_model:Echo"
+ECHO = "tests.support.models:Echo"
 BAD_PATHS = [
     "no_such_package.models:Thing",
-    "tests.integration.echo_model:Missing",
-    "tests.integration.echo_model:annotations",
-    "tests.integration.echo_model:Sequence",
+    "tests.support.models:Missing",
+    "tests.support.models:annotations",
+    "tests.support.models:Sequence",
 ]
 SETTINGS = Settings(max_input_chars=MAX_CHARS, models=[*sorted(BUILTIN_MODELS), ECHO, *BAD_PATHS])
 
@@ -76,7 +76,7 @@ def test_unknown_name_lists_the_served_ones() -> None:
     assert isinstance(caught.value, InvalidInput)
 
 
-@pytest.mark.parametrize("name", ["this:Zen", "antigravity:Fly", ECHO, "tests.integration.fault_models:OOM"])
+@pytest.mark.parametrize("name", ["this:Zen", "antigravity:Fly", ECHO, "tests.support.models:OOM"])
 def test_a_model_outside_the_allow_list_is_refused_without_importing_it(name: str) -> None:
     module = name.partition(":")[0]
     code = (
@@ -115,9 +115,9 @@ def test_an_allow_list_entry_that_is_no_model_name_is_a_bad_setting(
     ("path", "fragment"),
     [
         ("no_such_package.models:Thing", "cannot import module 'no_such_package.models'"),
-        ("tests.integration.echo_model:Missing", "has no attribute 'Missing'"),
-        ("tests.integration.echo_model:annotations", "is not a subclass of worker.models.base.Model"),
-        ("tests.integration.echo_model:Sequence", "is not a subclass of worker.models.base.Model"),
+        ("tests.support.models:Missing", "has no attribute 'Missing'"),
+        ("tests.support.models:annotations", "is not a subclass of worker.models.base.Model"),
+        ("tests.support.models:Sequence", "is not a subclass of worker.models.base.Model"),
     ],
 )
 def test_bad_import_paths_say_what_is_wrong(path: str, fragment: str) -> None:
@@ -142,7 +142,7 @@ def test_user_model_by_import_path_runs() -> None:
 
 
 def test_describe_gives_defaults_for_the_cli() -> None:
-    rows = {row.name: row for row in describe(Settings()) if not isinstance(row, Exception)}
+    rows = {row.name: row for row in served_models(Settings()) if not isinstance(row, Exception)}
     assert set(rows) == set(BUILTIN_MODELS)
     assert (rows["noop"].max_batch_size, rows["noop"].max_wait_ms) == (1024, 5.0)
     assert (rows["simulated"].max_batch_size, rows["simulated"].max_wait_ms) == (64, 20.0)
@@ -178,7 +178,7 @@ def test_importing_models_does_not_load_torch() -> None:
         "import sys\n"
         "import worker.models.registry, worker.models.minilm, worker.models.device\n"
         "from worker.settings import Settings\n"
-        "worker.models.registry.describe(Settings())\n"
+        "worker.models.registry.served_models(Settings())\n"
         "worker.models.registry.model_class('minilm', Settings()).validate(0, 'text', Settings())\n"
         "heavy = [m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules]\n"
         "assert not heavy, heavy\n"

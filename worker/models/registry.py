@@ -50,7 +50,7 @@ def model_class(name: object, settings: Settings) -> type[Model]:
     return _import_model(BUILTIN_MODELS.get(name, name))
 
 
-def describe(settings: Settings) -> list[ModelDescription | UnknownModel]:
+def served_models(settings: Settings) -> list[ModelDescription | UnknownModel]:
     """One row per served model, for ``batchwork models``; a model that cannot be imported is its error."""
     rows: list[ModelDescription | UnknownModel] = []
     for name in settings.models:

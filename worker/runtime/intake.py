@@ -22,7 +22,7 @@ from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal, Slo
 from worker.runtime.journal import DEATHS_ERROR, Journal
 from worker.runtime.loaded_models import ISOLATED, LoadedModels
 from worker.runtime.outbox import Outbox
-from worker.runtime.runner import describe
+from worker.runtime.runner import error_text
 from worker.runtime.storing import Storer
 from worker.settings import Settings
 from worker.store.values import ItemOutcome
@@ -77,9 +77,9 @@ class Intake:
         try:
             model = self.models.get(call.model)
         except Exception as exc:
-            log.error("model %s failed to load: %s", call.model, describe(exc))
+            log.error("model %s failed to load: %s", call.model, error_text(exc))
             self._fail(
-                delivery, range(len(call.inputs)), f"model {call.model!r} failed to load: {describe(exc)}"
+                delivery, range(len(call.inputs)), f"model {call.model!r} failed to load: {error_text(exc)}"
             )
             return
         positions, isolated = self._positions(delivery)
@@ -153,7 +153,7 @@ class Intake:
             if len(prepared) != len(checked):
                 raise RuntimeError(f"prepare returned {len(prepared)} payloads for {len(checked)} items")
         except Exception as exc:
-            self._fail(delivery, positions, f"could not prepare input: {describe(exc)}")
+            self._fail(delivery, positions, f"could not prepare input: {error_text(exc)}")
             return
         now, suspect = self.clock(), bool(delivery.lost)
         with self.ready:

@@ -28,7 +28,7 @@ class Report:
     largest_ok: int = 0  # size of the largest sub-batch that ran
 
 
-def describe(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -64,7 +64,7 @@ def _run(
             # A model that drops or adds outputs would shift results onto the wrong items.
             raise RuntimeError(f"model returned {len(outputs)} outputs for {len(payloads)} inputs")
     except Exception as exc:  # the boundary that turns a model failure into stored errors
-        error, out_of_memory = describe(exc), is_out_of_memory(exc)
+        error, out_of_memory = error_text(exc), is_out_of_memory(exc)
     if error is None:
         report.largest_ok = max(report.largest_ok, len(payloads))
         report.outcomes += [NO_OUTPUT if output is None else Outcome(output=output) for output in outputs]

@@ -25,7 +25,7 @@ from worker.runtime import metrics
 from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal, StoreWork, TokenReport
 from worker.runtime.journal import Journal
 from worker.runtime.outbox import Outbox, Settled
-from worker.runtime.runner import describe
+from worker.runtime.runner import error_text
 from worker.store.db import is_transient
 from worker.store.results import ResultStore
 from worker.store.values import ItemOutcome, JobSpec
@@ -116,7 +116,7 @@ class Storer:
                     self._failing_since = time.monotonic()
                 if self._stopping.is_set():
                     raise Stopping from exc
-                log.warning("storing failed (%s); retrying in %.1f s", describe(exc), delay_s)
+                log.warning("storing failed (%s); retrying in %.1f s", error_text(exc), delay_s)
                 self._stopping.wait(delay_s)
                 delay_s = min(delay_s * 2, MAX_BACKOFF_S)
 
@@ -161,7 +161,7 @@ class Storer:
     def _store_refused(
         self, outcome: ItemOutcome, jobs: list[JobSpec], with_record: bool, error: Exception
     ) -> None:
-        reason = f"could not store the output: {describe(error)}"[:2000]
+        reason = f"could not store the output: {error_text(error)}"[:2000]
         attempts = [outcome.as_error(reason), outcome.as_error(reason, keep_id=False)]
         if with_record:
             attempts.insert(0, outcome)  # the batch record may have been what was refused

@@ -88,7 +88,7 @@ class ResultStore:
         """Close the pooled connections (tests drop their schema afterwards; workers at shutdown)."""
         self.engine.dispose()
 
-    def describe(self) -> str:
+    def location(self) -> str:
         """Where this store looks, for a user (no password; says when a SQLite file is absent)."""
         return f"{shown_url(self.url)} (no such file yet)" if self._absent() else shown_url(self.url)
 

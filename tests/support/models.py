@@ -1,0 +1,110 @@
+"""The tests' own models, named by import path (``tests.support.models:Echo``): no weights, no torch.
+
+Echo returns a checkable function of its input; Poison, OutOfMemoryAbove16 and Crash fail on purpose (an
+exception, CUDA's out-of-memory error, the worker process dying); Counter is a user's own step model.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from worker.models.base import Finished, InvalidInput, Model, Prepared, StepModel
+
+
+class Echo(Model):
+    """Returns each item's text and its length in characters."""
+
+    name = "echo"
+    max_batch_size = 16
+    max_wait_ms = 10.0
+
+    def forward(self, payloads: Sequence[str]) -> list[dict[str, object]]:
+        return [{"echo": text, "n": len(text)} for text in payloads]
+
+
+class Poison(Model):
+    """Echoes each text's length, but a batch holding the text "poison" raises, like a crashing tokenizer."""
+
+    name = "poison"
+    max_batch_size = 32
+    max_wait_ms = 20
+
+    def forward(self, payloads: Sequence[Any]) -> list[int]:
+        if "poison" in payloads:
+            raise ValueError("cannot digest 'poison'")
+        return [len(text) for text in payloads]
+
+
+class OutOfMemoryAbove16(Model):
+    """Raises torch's CUDA out-of-memory error for any batch of more than 16 items."""
+
+    name = "oom16"
+    max_batch_size = 64
+    max_wait_ms = 20
+
+    def forward(self, payloads: Sequence[Any]) -> list[int]:
+        import torch
+
+        if len(payloads) > 16:
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {len(payloads)} GiB")
+        return [len(text) for text in payloads]
+
+
+class Crash(Model):
+    """Kills its own worker process (as a segfault or the OOM killer would) on the text "crash"; else echoes
+    each text's length."""
+
+    name = "crash"
+    max_batch_size = 8
+    max_wait_ms = 20
+
+    def forward(self, payloads: Sequence[Any]) -> list[int]:
+        if "crash" in payloads:
+            os._exit(9)
+        return [len(text) for text in payloads]
+
+
+STEP_S = 0.02
+
+
+class Counter(StepModel):
+    name = "counter"
+    max_running = 4
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._running: dict[Any, tuple[int, list[int]]] = {}
+
+    @classmethod
+    def validate(cls, index: int, item: object, settings: Any) -> int:
+        if not isinstance(item, dict) or not isinstance(item.get("count"), int) or item["count"] < 1:
+            raise InvalidInput('an item is {"count": n} with n >= 1', index)
+        return item["count"]
+
+    def prepare(self, checked: Sequence[int]) -> list[Prepared]:
+        return [Prepared(count, count) for count in checked]
+
+    def can_admit(self, length: int) -> bool:
+        return len(self._running) < self.max_running
+
+    def admit(self, key: Any, payload: Any) -> None:
+        self._running[key] = (payload, [])
+
+    def running(self) -> int:
+        return len(self._running)
+
+    def progress(self) -> list[tuple[Any, int]]:
+        return [(key, len(counted)) for key, (_, counted) in self._running.items()]
+
+    def step(self) -> list[Finished]:
+        time.sleep(STEP_S)
+        done = []
+        for key, (count, counted) in list(self._running.items()):
+            counted.append(len(counted) + 1)
+            if len(counted) == count:
+                del self._running[key]
+                done.append(Finished(key, {"counted": counted}, tokens=count))
+        return done
