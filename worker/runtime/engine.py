@@ -21,6 +21,7 @@ from worker.runtime.executor import Executor
 from worker.runtime.intake import Intake
 from worker.runtime.journal import Journal
 from worker.runtime.loaded_models import LoadedModels
+from worker.runtime.lost_items import LostItems
 from worker.runtime.outbox import Outbox
 from worker.runtime.storing import Storer
 from worker.runtime.watch import CancelWatch
@@ -53,6 +54,7 @@ class Engine:
         self.scheduler = Scheduler(self.models.policy_for)
         self.storer = Storer(store, outbox, self.holdings, journal)
         self.cancels = CancelWatch(store, self.holdings)
+        self.lost = LostItems(store)
         ready = threading.Condition()
         self.intake = Intake(
             settings, self.models, self.scheduler, ready, self.storer, outbox, self.holdings, journal, clock
@@ -87,8 +89,8 @@ class Engine:
         return self.storer.stalled_s()
 
     def broker_lost_messages(self) -> None:
-        """The broker came back empty: see Storer.broker_lost_messages."""
-        self.storer.broker_lost_messages(self.settings.lost_grace_s)
+        """The broker came back empty: unfinished items end as lost after a grace period (lost_items.py)."""
+        self.lost.after(self.settings.lost_grace_s)
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop after the batch in flight, storing and acknowledging what ran.

@@ -16,7 +16,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from functools import partial
 
 from worker.calls import job_id_of
@@ -238,34 +237,6 @@ class Storer:
             result=repr({"items": items, "failed": delivery.failed}),
             runtime=runtime,
         )
-
-    def broker_lost_messages(self, grace_s: float) -> None:
-        """The broker came back empty (restarted without persistence): what it held is gone.
-
-        After a grace period, in which workers finish and store the items they already hold, every
-        item of a job created before now that still has no outcome ends with a "lost" error, so no
-        job waits forever for messages that no longer exist.
-        """
-        cutoff = datetime.now(UTC)
-        log.warning("the broker lost its messages; unfinished items end as lost in %.0f s", grace_s)
-        timer = threading.Timer(grace_s, self._end_lost_items, args=(cutoff,))
-        timer.daemon = True
-        timer.start()
-
-    def _end_lost_items(self, cutoff: datetime) -> None:
-        error = "lost: the broker restarted and dropped this item before it ran; submit it again"
-        for attempt in range(10):
-            try:
-                for job in self.store.unfinished_jobs(created_before=cutoff):
-                    missing = self.store.missing_indices(job.job_id, job.total)
-                    outcomes = [ItemOutcome(job.job_id, index, None, error=error) for index in missing]
-                    if outcomes:
-                        self.store.write_batch(None, outcomes, [job])
-                        log.warning("job %s: %d items ended as lost", job.job_id, len(outcomes))
-                return
-            except Exception as exc:
-                log.warning("could not end lost items (%s); attempt %d", exc, attempt + 1)
-                time.sleep(5)
 
 
 def _jobs_of(write: Outcomes, outcomes: Sequence[ItemOutcome]) -> list[JobSpec]:

@@ -14,22 +14,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import (
-    Connection,
-    Engine,
-    Select,
-    String,
-    bindparam,
-    case,
-    func,
-    insert,
-    inspect,
-    select,
-    update,
-)
+from sqlalchemy import Engine, insert, inspect, select, update
 from sqlalchemy.engine import make_url
 
-from worker.store import bulk, rows, tables
+from worker.store import bulk, queries, rows, tables
 from worker.store.db import client_errors, make_engine, shown_url, single_reads
 from worker.store.values import (
     FINISHED_STATES,
@@ -58,8 +46,6 @@ __all__ = [
 # Rows per query when streaming a job's results: small enough to keep memory flat for a 1M-item job,
 # large enough that the round trips don't dominate.
 RESULTS_PAGE_SIZE = 2000
-# How many of a failed job's most common errors status reports.
-TOP_ERRORS = 5
 _JOB = tables.jobs.c
 _INSERT_BATCH = insert(tables.batches).returning(tables.batches.c.id)
 
@@ -148,13 +134,15 @@ class ResultStore:
         if tenants is not None:
             params["tenants"] = list(tenants)
         with client_errors(self.url), self._single_reads.connect() as conn:
-            row = conn.execute(_STATUS if tenants is None else _STATUS_IN_TENANTS, params).one_or_none()
+            row = conn.execute(
+                queries.STATUS if tenants is None else queries.STATUS_IN_TENANTS, params
+            ).one_or_none()
             if row is None:
                 return None
             *fields, items, generated, in_flight = row
             job = rows.job_status_of(row._fields[: len(fields)], fields)
             if job.failed:
-                job = replace(job, errors=_top_errors(conn, job_id))
+                job = replace(job, errors=queries.top_errors(conn, job_id))
         if not items:
             return job
         if job.state in FINISHED_STATES:  # reports of runs that never stored a result no longer count
@@ -187,7 +175,7 @@ class ResultStore:
         inserted_all: list[bulk.Row[str, str | None]] = []
         with self.engine.begin() as conn:
             new_jobs = bulk.insert_jobs(conn, [rows.job_row(specs[job_id], now) for job_id in sorted(specs)])
-            refused = _disagreeing(conn, [specs[j] for j in specs if j not in new_jobs])
+            refused = queries.disagreeing(conn, [specs[j] for j in specs if j not in new_jobs])
             for record, outcomes, _ in batches:
                 kept = [o for o in outcomes if o.job_id not in refused] if refused else outcomes
                 batch_id = (
@@ -264,13 +252,6 @@ class ResultStore:
             stored = set(conn.scalars(select(item.item_index).where(item.job_id == job_id)))
         return [index for index in range(total) if index not in stored]
 
-    def stored_indices(self, job_id: str, indices: Sequence[int]) -> set[int]:
-        """Which of these items of the job already have a stored outcome."""
-        item = tables.results.c
-        query = select(item.item_index).where(item.job_id == job_id, item.item_index.in_(list(indices)))
-        with self.engine.connect() as conn:
-            return set(conn.scalars(query))
-
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
         """Which of these jobs have been cancelled (the worker drops their waiting items)."""
         ids = list(job_ids)
@@ -317,53 +298,3 @@ def _check_specs(outcomes: Sequence[ItemOutcome], specs: dict[str, JobSpec]) -> 
     missing = {outcome.job_id for outcome in outcomes} - specs.keys()
     if missing:
         raise ValueError(f"write_batch got outcomes of job(s) {sorted(missing)} without a JobSpec for them")
-
-
-def _disagreeing(conn: Connection, specs: list[JobSpec]) -> set[str]:
-    """Jobs whose row names another model or total than their messages: a message may not write into them."""
-    if not specs:
-        return set()
-    found = conn.execute(
-        select(_JOB.id, _JOB.model, _JOB.total).where(_JOB.id.in_([spec.job_id for spec in specs]))
-    )
-    stored = {job_id: (model, total) for job_id, model, total in found}
-    return {
-        spec.job_id
-        for spec in specs
-        if stored.get(spec.job_id, (spec.model, spec.total)) != (spec.model, spec.total)
-    }
-
-
-def _top_errors(conn: Connection, job_id: str) -> tuple[tuple[str, int], ...]:
-    item = tables.results.c
-    count = func.count().label("items")
-    query = (
-        select(item.error, count)
-        .where(item.job_id == job_id, item.error.is_not(None))
-        .group_by(item.error)
-        .order_by(count.desc(), item.error)
-        .limit(TOP_ERRORS)
-    )
-    return tuple((error, items) for error, items in conn.execute(query))
-
-
-def _status_statement() -> Select[Any]:
-    """A job's row and its generated-token counts in one query."""
-    tokens = tables.generated_tokens.c
-    job_key = bindparam("job_key", type_=String())
-    running = func.sum(case((tokens.final, 0), else_=tokens.tokens))
-    counts = (
-        select(tokens.job_id, func.count(), func.sum(tokens.tokens), running)
-        .where(tokens.job_id == job_key)
-        .group_by(tokens.job_id)
-        .subquery()
-    )
-    return (
-        select(tables.jobs, *list(counts.c)[1:])
-        .outerjoin(counts, counts.c.job_id == tables.jobs.c.id)
-        .where(tables.jobs.c.id == job_key)
-    )
-
-
-_STATUS = _status_statement()
-_STATUS_IN_TENANTS = _STATUS.where(tables.jobs.c.tenant.in_(bindparam("tenants", expanding=True)))
