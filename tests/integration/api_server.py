@@ -6,13 +6,15 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
+import orjson
 
 from tests.integration.processes import CommandProcess
 from worker.store.db import make_engine
 from worker.store.keys import KeyStore
+from worker.store.values import FINISHED_STATES
 
 T = TypeVar("T")
 
@@ -73,3 +75,38 @@ def wait_until(
             raise AssertionError(f"after {timeout_s} s: {message()}")
         time.sleep(poll_s)
     return answer
+
+
+class Tenant:
+    """An HTTP client holding one API key."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+    def submit(self, model: str, inputs: list[Any], **fields: Any) -> dict[str, Any]:
+        answer = self.http.post("/v1/jobs", json={"model": model, "inputs": inputs, **fields})
+        assert answer.status_code == 202, answer.text
+        return answer.json()  # type: ignore[no-any-return]
+
+    def wait(self, job_id: str, timeout_s: float = 60) -> dict[str, Any]:
+        def finished() -> dict[str, Any] | None:
+            job = self.http.get(f"/v1/jobs/{job_id}").json()
+            return job if job["state"] in FINISHED_STATES else None
+
+        return wait_until(finished, timeout_s, lambda: f"job {job_id} unfinished", poll_s=0.2)
+
+    def results(self, job_id: str, **params: Any) -> list[dict[str, Any]]:
+        answer = self.http.get(f"/v1/jobs/{job_id}/results", params=params)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["content-type"].startswith("application/x-ndjson")
+        return [orjson.loads(line) for line in answer.content.splitlines()]
+
+
+def texts(prefix: str, n: int) -> list[dict[str, str]]:
+    return [{"id": f"{prefix}-{i}", "text": f"{prefix} item {i}"} for i in range(n)]
+
+
+def ndjson_chunks(items: list[Any], per_chunk: int = 100) -> Iterator[bytes]:
+    """The body in pieces, so httpx sends it chunked (no Content-Length) as a streaming producer would."""
+    for start in range(0, len(items), per_chunk):
+        yield b"".join(orjson.dumps(item) + b"\n" for item in items[start : start + per_chunk])

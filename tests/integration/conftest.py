@@ -124,3 +124,10 @@ def _claim_redis_db(claims: redis.Redis) -> int:
         f"all Redis test databases {REDIS_TEST_DBS.start}..{REDIS_TEST_DBS.stop - 1} are claimed; "
         f"wait for other test runs, or delete the keys {_claim_key(0)[:-1]}* in database 0"
     )
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[ResultStore]:
+    store = ResultStore.from_url(db_url)
+    yield store
+    store.close()

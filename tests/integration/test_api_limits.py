@@ -1,0 +1,220 @@
+"""The HTTP API's keys, limits and metrics through real HTTP: 401 for missing, wrong and revoked keys; 413,
+429 and 503 each provoked for real; Prometheus metrics from workers and the API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import sys
+
+import httpx
+import pytest
+import redis
+from sqlalchemy import text
+
+from api.auth import KEY_CACHE_S
+from tests.integration.api_server import (
+    Tenant,
+    api_server,
+    free_port,
+    make_key,
+    ndjson_chunks,
+    wait_until,
+)
+from tests.integration.processes import service_env, workers
+from worker.store.db import make_engine
+from worker.store.results import ResultStore
+
+ECHO = "tests.support.models:Echo"
+POISON = "tests.support.models:Poison"
+QUEUES = ("batchwork.high", "batchwork.normal", "batchwork.bulk")
+
+
+ECHO = "tests.support.models:Echo"
+QUEUES = ("batchwork.high", "batchwork.normal", "batchwork.bulk")
+
+
+@pytest.fixture
+def env(redis_url: str, pg_url: str, pg_store: ResultStore) -> dict[str, str]:
+    return service_env(redis_url, pg_url, metrics_port=0)
+
+
+@pytest.mark.slow
+def test_missing_wrong_and_revoked_keys_are_401(env: dict[str, str]) -> None:
+    url = env["BATCHWORK_DATABASE_URL"]
+    alice = make_key(url, "alice")
+    with api_server(env) as api:
+        bare = httpx.Client(base_url=api.url)
+        for route in ("/v1/jobs", "/v1/models", "/v1/jobs/x", "/v1/jobs/x/results"):
+            assert bare.get(route).status_code == 401
+        assert bare.post("/v1/jobs", json={"model": ECHO, "inputs": ["x"]}).status_code == 401
+        assert Tenant(api.url, "bw_not-a-key").http.get("/v1/jobs").status_code == 401
+        assert bare.get("/v1/jobs", headers={"Authorization": f"Basic {alice}"}).status_code == 401
+        answer = Tenant(api.url, alice).http.get("/v1/models")
+        assert answer.status_code == 200
+        assert "simulated" in {model["name"] for model in answer.json()}
+
+        listed = subprocess.run(
+            [sys.executable, "-m", "worker.cli", "keys", "list"], env=env, capture_output=True, text=True
+        )
+        [key_id] = re.findall(r"\b([0-9a-f]{16})\b.*alice", listed.stdout)
+        revoked = subprocess.run(
+            [sys.executable, "-m", "worker.cli", "keys", "revoke", key_id],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert revoked.returncode == 0, revoked.stderr
+        # The API remembers a key it found for KEY_CACHE_S: a revoked one is refused within that long.
+        revoked_client = Tenant(api.url, alice).http
+
+        def refused() -> httpx.Response | None:
+            answer = revoked_client.get("/v1/jobs")
+            return answer if answer.status_code == 401 else None
+
+        answer = wait_until(refused, KEY_CACHE_S + 5, lambda: "the revoked key still works")
+        assert answer.headers["www-authenticate"] == "Bearer"
+        assert "\n" not in answer.json()["detail"]
+        assert bare.get("/healthz").json() == {"status": "ok", "broker": "ok", "database": "ok"}
+
+
+def test_keys_create_prints_a_key_once_and_stores_only_its_hash(sqlite_url: str) -> None:
+    env = service_env("redis://127.0.0.1:6379/0", sqlite_url)
+    created = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "keys", "create", "--tenant", "alice"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert key.startswith("bw_") and len(key) > 40
+    engine = make_engine(sqlite_url)
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT * FROM api_keys")).one()._mapping
+    engine.dispose()
+    assert key not in {str(value) for value in stored.values()}
+    assert stored["key_sha256"] == hashlib.sha256(key.encode()).hexdigest()
+    refused = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "keys", "create", "--tenant", "default"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2
+    assert "any admin key (--admin) sees them" in " ".join(refused.stderr.split())
+    assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.slow
+def test_bodies_over_the_limit_are_413_whether_their_length_is_known_or_streamed(env: dict[str, str]) -> None:
+    env = {**env, "BATCHWORK_API_MAX_BODY_BYTES": "2000", "BATCHWORK_API_MAX_NDJSON_BYTES": "50000"}
+    alice = make_key(env["BATCHWORK_DATABASE_URL"], "alice")
+    broker = redis.Redis.from_url(env["BATCHWORK_BROKER_URL"])
+    with api_server(env) as api:
+        client = Tenant(api.url, alice)
+        answer = client.http.post("/v1/jobs", json={"model": ECHO, "inputs": ["x" * 100] * 30})
+        assert answer.status_code == 413
+        assert "BATCHWORK_API_MAX_BODY_BYTES" in answer.json()["detail"]
+        big = [{"text": "y" * 90}] * 1000  # ~100 kB, sent chunked: no Content-Length to refuse it by
+        answer = client.http.post(
+            "/v1/jobs",
+            params={"model": ECHO},
+            content=ndjson_chunks(big),
+            headers={"Content-Type": "application/x-ndjson"},
+        )
+        assert answer.status_code == 413
+        assert client.submit(ECHO, ["small"])["counts"]["total"] == 1
+        assert client.http.get("/v1/jobs").json()["jobs"][0]["counts"]["total"] == 1
+    assert sum(broker.llen(queue) for queue in QUEUES) == 1
+
+
+@pytest.mark.slow
+def test_too_many_items_per_job_or_unfinished_for_the_tenant_is_429_with_retry_after(
+    env: dict[str, str],
+) -> None:
+    env = {**env, "BATCHWORK_MAX_ITEMS_PER_JOB": "100", "BATCHWORK_API_MAX_TENANT_ITEMS": "150"}
+    url = env["BATCHWORK_DATABASE_URL"]
+    alice, bob = make_key(url, "alice"), make_key(url, "bob")
+    with api_server(env) as api:  # no worker: submitted items stay unfinished
+        client = Tenant(api.url, alice)
+        answer = client.http.post("/v1/jobs", json={"model": ECHO, "inputs": ["x"] * 101})
+        assert answer.status_code == 429
+        assert answer.headers["retry-after"] == "10"
+        answer = client.http.post(
+            "/v1/jobs",
+            params={"model": ECHO},
+            content=ndjson_chunks(["x"] * 101, per_chunk=10),
+            headers={"Content-Type": "application/x-ndjson"},
+        )
+        assert answer.status_code == 429
+        assert "BATCHWORK_MAX_ITEMS_PER_JOB" in answer.json()["detail"]
+
+        client.submit(ECHO, ["x"] * 100)
+        answer = client.http.post("/v1/jobs", json={"model": ECHO, "inputs": ["x"] * 51})
+        assert answer.status_code == 429
+        assert "100 unfinished items" in answer.json()["detail"]
+        assert answer.headers["retry-after"] == "10"
+        client.submit(ECHO, ["x"] * 50)  # up to the bound is fine
+        Tenant(api.url, bob).submit(ECHO, ["x"] * 100)  # another tenant has its own bound
+
+
+@pytest.mark.slow
+def test_a_full_broker_queue_is_503_with_retry_after(env: dict[str, str]) -> None:
+    env = {**env, "BATCHWORK_API_MAX_QUEUE_DEPTH": "3", "BATCHWORK_SUBMIT_CHUNK_SIZE": "10"}
+    alice = make_key(env["BATCHWORK_DATABASE_URL"], "alice")
+    with api_server(env) as api:  # no worker: the messages stay in Redis
+        client = Tenant(api.url, alice)
+        client.submit(ECHO, ["x"] * 40)  # four messages
+        for body in ({"json": {"model": ECHO, "inputs": ["x"]}}, {"content": b'"x"\n'}):
+            headers = {} if "json" in body else {"Content-Type": "application/x-ndjson"}
+            answer = client.http.post("/v1/jobs", params={"model": ECHO}, headers=headers, **body)  # type: ignore[arg-type]
+            assert answer.status_code == 503
+            assert answer.headers["retry-after"] == "10"
+            assert "BATCHWORK_API_MAX_QUEUE_DEPTH" in answer.json()["detail"]
+
+
+@pytest.mark.slow
+def test_workers_and_the_api_serve_prometheus_metrics(env: dict[str, str]) -> None:
+    port = free_port()
+    env = {**env, "BATCHWORK_METRICS_PORT": str(port)}
+    alice = make_key(env["BATCHWORK_DATABASE_URL"], "alice")
+    with workers(env), api_server(env) as api:
+        client = Tenant(api.url, alice)
+        job = client.submit(POISON, ["a", "poison", "b"], priority="high")["id"]
+        client.wait(job)
+        client.http.get("/v1/jobs/not-a-job")
+
+        lane = f'lane="high",model="{POISON}"'
+
+        def worker_metrics() -> dict[str, float] | None:
+            samples = scrape(f"http://127.0.0.1:{port}/metrics")
+            return samples if samples.get(f'batchwork_items_total{{{lane},outcome="error"}}') else None
+
+        samples = wait_until(worker_metrics, 10, lambda: "the worker's metrics never counted the items")
+        assert samples[f'batchwork_items_total{{{lane},outcome="ok"}}'] == 2
+        assert samples[f'batchwork_items_total{{{lane},outcome="error"}}'] == 1
+        assert samples[f'batchwork_batches_total{{{lane},outcome="error"}}'] >= 1
+        assert samples[f"batchwork_batch_size_items_count{{{lane}}}"] >= 1
+        assert samples[f"batchwork_batch_run_seconds_count{{{lane}}}"] >= 1
+        assert samples[f"batchwork_queue_wait_seconds_count{{{lane}}}"] >= 1
+        assert samples['batchwork_items_held{lane="high"}'] == 0
+
+        api_samples = scrape(f"{api.url}/metrics")
+        route = 'method="GET",route="/v1/jobs/{job_id}"'
+        assert api_samples[f'batchwork_api_requests_total{{{route},status="200"}}'] >= 1
+        assert api_samples[f'batchwork_api_requests_total{{{route},status="404"}}'] == 1
+        assert api_samples[f"batchwork_api_request_seconds_count{{{route}}}"] >= 2
+        assert api_samples['batchwork_queue_depth_messages{lane="high"}'] == 0
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text format as {'name{labels}': value}, labels in the exposition's own order."""
+    samples = {}
+    for line in httpx.get(url, timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
