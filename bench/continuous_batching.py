@@ -24,10 +24,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from worker.models.gpt2 import GPT2, PAGE_TOKENS
-from worker.models.gpt2_cache import pages_for
-from worker.models.gpt2_inputs import Prompt
-from worker.models.gpt2_network import length_groups
+from worker.batching.sequences import pages_for
+from worker.models.gpt2.inputs import Prompt
+from worker.models.gpt2.model import GPT2, PAGE_TOKENS
+from worker.models.gpt2.network import length_groups
 from worker.settings import Settings
 
 PROMPT_TOKENS = (5, 40)

@@ -16,10 +16,11 @@ from transformers import AutoTokenizer, GPT2LMHeadModel
 
 # The fixtures are imported to be used; each test naming one as an argument needs its own noqa: F811.
 from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos, with_pytorch_bin  # noqa: F401
+from worker.batching.sequences import Generation
 from worker.errors import InvalidInput
 from worker.models.device import resolve_device
-from worker.models.gpt2 import GPT2, Generation
-from worker.models.gpt2_inputs import Prompt
+from worker.models.gpt2 import GPT2
+from worker.models.gpt2.inputs import Prompt
 from worker.settings import Settings
 
 DEVICE = resolve_device("auto")

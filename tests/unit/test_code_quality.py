@@ -36,6 +36,7 @@ def test_mypy() -> None:
     ("module", "forbidden"),
     [
         ("worker.batching.scheduler", ["celery", "kombu", "redis", "sqlalchemy", "torch"]),
+        ("worker.batching.sequences", ["celery", "kombu", "redis", "sqlalchemy", "torch"]),
         ("api", ["torch", "transformers"]),
         ("api.app", ["torch", "transformers"]),  # the whole app: routes, registry checks, client, store
         ("worker.tasks", ["torch", "transformers"]),
@@ -62,3 +63,18 @@ def test_a_producer_import_loads_no_engine_store_or_model() -> None:
         if m.startswith("worker.models.") and m not in ("worker.models.base", "worker.models.registry")
     ]
     assert heavy == [] and models == [], heavy + models
+
+
+def test_the_pure_core_imports_nothing_of_the_edges() -> None:
+    """worker/batching/ decides what runs next from items, lengths and a clock: no model, runtime, store,
+    broker or settings of the project's own."""
+    code = (
+        "import sys, pkgutil, importlib, worker.batching\n"
+        "for module in pkgutil.iter_modules(worker.batching.__path__):\n"
+        "    importlib.import_module('worker.batching.' + module.name)\n"
+        "edges = [m for m in sys.modules if m.startswith('worker.') and 'batching' not in m]\n"
+        "print(' '.join(edges))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from worker.batching.sequences import Generation, SequenceScheduler
 from worker.models.base import InvalidInput
 from worker.models.gpt2 import GPT2
-from worker.models.gpt2_inputs import Prompt
-from worker.models.gpt2_scheduler import Generation, SequenceScheduler
+from worker.models.gpt2.inputs import Prompt
 from worker.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

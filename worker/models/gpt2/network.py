@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from worker.models.gpt2_cache import PagePool
+from worker.models.gpt2.cache import PagePool
 
 # Both names are the tanh approximation GPT-2 was trained with.
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")

@@ -1,7 +1,9 @@
-"""Decides, each decode step, which sequences run, which join, and which give their KV-cache pages back.
+"""Continuous batching's sequence scheduler: each decode step, which sequences run, which join, and which
+give their KV-cache pages back.
 
-It must never import torch nor run the model: it knows sequences, their token counts and a pool's free
-pages. It never fails a sequence for lack of pages: it preempts the newest and resumes them later.
+Part of the pure core: it knows sequences, their token counts and a pool's free pages, and never imports
+torch or an edge of the system (a model drives it through the Pages and Prompt protocols). It never fails a
+sequence for lack of pages: it preempts the newest and resumes them later.
 """
 
 from __future__ import annotations
@@ -10,8 +12,23 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from worker.models.gpt2_cache import pages_for
-from worker.models.gpt2_inputs import Prompt
+
+def pages_for(tokens: int, page_tokens: int) -> int:
+    """Pages that hold ``tokens`` tokens (ceiling division)."""
+    return -(-tokens // page_tokens)
+
+
+class Prompt(Protocol):
+    """What the scheduler reads of a sequence's payload: its prompt, its token limit, or why it cannot run."""
+
+    @property
+    def token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def max_new_tokens(self) -> int: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def kv_tokens(self) -> int: ...
 
 
 class Pages(Protocol):

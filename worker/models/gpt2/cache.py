@@ -84,8 +84,3 @@ class PagePool:
         gathered = store.index_select(0, table.flatten())  # [batch * pages, tokens, heads, dim]
         tokens = gathered.view(batch, pages * self.page_tokens, *store.shape[2:])
         return tokens[:, :length].transpose(1, 2)
-
-
-def pages_for(tokens: int, page_tokens: int) -> int:
-    """Pages that hold ``tokens`` tokens (ceiling division)."""
-    return -(-tokens // page_tokens)

@@ -11,17 +11,17 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from worker.batching.sequences import Generation, LiveSequence, SequenceScheduler, pages_for
 from worker.models.base import Finished, Prepared, StepModel
-from worker.models.gpt2_cache import PagePool, pages_for
-from worker.models.gpt2_inputs import Prompt, Request, check_request, context_tokens
-from worker.models.gpt2_scheduler import Generation, LiveSequence, SequenceScheduler
+from worker.models.gpt2.cache import PagePool
+from worker.models.gpt2.inputs import Prompt, Request, check_request, context_tokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from worker.models.gpt2_network import GPT2Network
+    from worker.models.gpt2.network import GPT2Network
     from worker.settings import Settings
 
 # Tokens per KV-cache page: small enough that a sequence wastes under a page, large enough that the
@@ -52,7 +52,7 @@ class GPT2(StepModel):
         # borrowed" (huggingface/tokenizers#537, transformers#47085). Each is used by one thread only.
         self._encoder: PreTrainedTokenizerBase | None = None
         self._decoder: PreTrainedTokenizerBase | None = None
-        self._sampling: ModuleType | None = None  # worker.models.gpt2_sampling, imported by load with torch
+        self._sampling: ModuleType | None = None  # worker.models.gpt2.sampling, imported by load with torch
         self._context = 0
 
     @property
@@ -72,8 +72,8 @@ class GPT2(StepModel):
         import torch
         from transformers import AutoTokenizer
 
-        from worker.models import gpt2_sampling
-        from worker.models.gpt2_network import GPT2Network, read_shape, read_weights
+        from worker.models.gpt2 import sampling as gpt2_sampling
+        from worker.models.gpt2.network import GPT2Network, read_shape, read_weights
 
         checkpoint = checkpoint_dir(self.settings.gpt2_path)
         shape = read_shape(checkpoint)
@@ -172,7 +172,8 @@ class GPT2(StepModel):
             self._append_next(group, logits)
 
     def _append_next(self, seqs: list[LiveSequence], logits: Any) -> None:
-        samplings = [seq.prompt.sampling for seq in seqs]
+        # The core knows prompts only as its Prompt protocol; this model's carry their sampling too.
+        samplings = [cast(Prompt, seq.prompt).sampling for seq in seqs]
         choose = _loaded(self._sampling, "step").choose_tokens
         tokens = choose(logits, samplings, [seq.generator for seq in seqs])
         for seq, token in zip(seqs, tokens, strict=True):
