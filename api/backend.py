@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
-from sqlalchemy import text
 
 from worker.broker.keys import Keys
 from worker.client import Client
+from worker.errors import SetupError
 from worker.settings import PRIORITIES, Settings
 from worker.store.catalog import JobCatalog
 from worker.store.keys import KeyStore
@@ -58,8 +58,8 @@ class Backend:
             self.broker.ping()
 
     def _ping_database(self) -> None:
-        with self.store.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+        if not self.store.has_schema():  # reachable, but every route would fail: say why
+            raise SetupError(f"no batchwork schema in {self.store.location()}: run `batchwork migrate`")
 
 
 def _broker_redis(url: str) -> redis.Redis:

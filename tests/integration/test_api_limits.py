@@ -16,6 +16,7 @@ from sqlalchemy import text
 
 from api.auth import KEY_CACHE_S
 from tests.integration.api_server import (
+    ApiProcess,
     Tenant,
     api_server,
     free_port,
@@ -218,3 +219,23 @@ def scrape(url: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
     return samples
+
+
+def test_healthz_says_when_the_database_needs_migrating(redis_url: str, pg_url: str) -> None:
+    server = ApiProcess(service_env(redis_url, pg_url, metrics_port=0))  # pg_url: a schema never migrated
+    try:
+        answer = wait_until(
+            lambda: _health(server.url), 60, lambda: "the API never answered:\n" + "\n".join(server.log[-20:])
+        )
+    finally:
+        server.stop()
+    assert answer.status_code == 503
+    body = answer.json()
+    assert body["broker"] == "ok" and "run `batchwork migrate`" in body["database"]
+
+
+def _health(url: str) -> httpx.Response | None:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2)
+    except httpx.TransportError:
+        return None
