@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import httpx
 import orjson
 
-from tests.integration.processes import CommandProcess
+from tests.integration.processes import CommandProcess, wait_until
 from worker.store.db import make_engine
 from worker.store.keys import KeyStore
 from worker.store.values import FINISHED_STATES
@@ -63,18 +62,6 @@ def make_key(database_url: str, tenant: str, admin: bool = False) -> str:
         return KeyStore(engine).create(tenant, admin=admin)[1]
     finally:
         engine.dispose()
-
-
-def wait_until(
-    check: Callable[[], T | None], timeout_s: float, message: Callable[[], str], poll_s: float = 0.1
-) -> T:
-    """``check()``'s first truthy answer; AssertionError with ``message()`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not (answer := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"after {timeout_s} s: {message()}")
-        time.sleep(poll_s)
-    return answer
 
 
 class Tenant:

@@ -9,12 +9,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from worker.store.values import FINISHED_STATES
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_LINE = "batchwork engine ready"
@@ -146,3 +148,16 @@ def wait_finished(store: Any, job_ids: Sequence[str], timeout_s: float = 120) ->
             pending = [s for s in statuses if s is None or s.finished_at is None]
             raise AssertionError(f"{len(pending)} jobs unfinished after {timeout_s} s, e.g. {pending[:3]}")
         time.sleep(0.2)
+
+
+def wait_until(
+    check: Callable[[], T | None], timeout_s: float, message: Callable[[], str], poll_s: float = 0.1
+) -> T:
+    """``check()``'s first truthy answer; AssertionError with ``message()`` after ``timeout_s`` (a test's own
+    deadline and reason, never pytest's timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while not (answer := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"after {timeout_s} s: {message()}")
+        time.sleep(poll_s)
+    return answer

@@ -10,7 +10,7 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from tests.integration.processes import WorkerProcess, produce, service_env, wait_finished
+from tests.integration.processes import WorkerProcess, produce, service_env, wait_finished, wait_until
 from worker.store import tables
 from worker.store.results import ResultStore
 
@@ -141,8 +141,7 @@ def test_sigterm_stops_after_the_batch_in_flight_and_hands_back_the_rest(
     first = WorkerProcess(env, "term@test")
     first.wait_ready()
     [job_id] = produce(env, [{"via": "submit", "model": "simulated", "inputs": ["z"] * 1000}])
-    while store.status(job_id).done < 100:
-        time.sleep(0.05)
+    wait_until(lambda: store.status(job_id).done >= 100, 60, lambda: "100 items before the SIGTERM")
     stopped = time.monotonic()
     first.stop(timeout_s=30)  # SIGTERM
     assert first.proc.returncode == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.integration.processes import produce, service_env, wait_finished, workers
+from tests.integration.processes import produce, service_env, wait_finished, wait_until, workers
 from tests.integration.tcp_proxy import TcpProxy
 from worker.store.results import ResultStore
 
@@ -32,8 +32,7 @@ def test_a_database_outage_mid_run_loses_nothing(redis_url: str, pg_url: str, pg
     try:
         with workers(env) as [worker]:
             [job_id] = produce(env, [{"via": "submit", "model": "simulated", "inputs": ["x"] * 1000}])
-            while store.status(job_id).done < 100:
-                time.sleep(0.05)
+            wait_until(lambda: store.status(job_id).done >= 100, 60, lambda: "100 items before the outage")
             proxy.cut()  # the worker's database connections drop and new ones are refused
             time.sleep(8)
             done_during_outage = store.status(job_id).done  # read directly, not through the proxy
@@ -98,8 +97,7 @@ def test_a_broker_restart_that_loses_the_queue_still_ends_every_item(
     try:
         with workers(env):
             job_ids = produce(env, [{"via": "submit", "model": "simulated", "inputs": ["y"] * 600}] * 2)
-            while store.status(job_ids[0]).done < 60:
-                time.sleep(0.05)
+            wait_until(lambda: store.status(job_ids[0]).done >= 60, 60, lambda: "60 items before the restart")
             redis.kill()  # SIGKILL, nothing on disk: every queued message is gone
             redis.wait()
             time.sleep(1)

@@ -12,7 +12,7 @@ import pytest
 import redis
 from celery import Celery
 
-from tests.integration.processes import produce, service_env, wait_finished, workers
+from tests.integration.processes import produce, service_env, wait_finished, wait_until, workers
 from worker.store.results import ResultStore
 
 ECHO = "tests.support.models:Echo"
@@ -67,8 +67,9 @@ def test_status_counts_are_right_while_a_job_is_half_done(stack) -> None:
     env["BATCHWORK_BATCHING"] = '{"simulated": {"max_batch_size": 10, "max_wait_ms": 10}}'
     with workers(env):
         [job_id] = produce(env, [{"via": "submit", "model": "simulated", "inputs": texts("s", 100)}])
-        seen_midway = []
+        seen_midway, deadline = [], time.monotonic() + 120
         while (status := store.status(job_id)).finished_at is None:
+            assert time.monotonic() < deadline, f"job unfinished after 120 s: {status}"
             stored = sum(1 for _ in store.results(job_id))
             after = store.status(job_id)
             # Counts move only by whole committed batches and never run ahead of the stored rows.
@@ -172,8 +173,8 @@ def test_a_high_priority_job_overtakes_a_queued_bulk_backlog(stack) -> None:
         env, [{"via": "submit", "model": "simulated", "inputs": texts("bulk", backlog), "priority": "bulk"}]
     )
     with workers(env):
-        while store.status(bulk).done < 2_000:  # the backlog is being worked through
-            time.sleep(0.05)
+        # The backlog is being worked through.
+        wait_until(lambda: store.status(bulk).done >= 2_000, 120, lambda: "the bulk backlog never started")
         urgent = produce(
             env, [{"via": "delay", "model": "simulated", "inputs": ["now"], "priority": "high"}] * 3
         )
@@ -225,13 +226,15 @@ def test_cancel_stops_the_remaining_items_and_every_item_still_ends(stack) -> No
     done = subprocess.run([*cli, idle], env=env, capture_output=True, text=True)  # queued, nothing ran
     assert done.returncode == 0 and "cancelled" in done.stderr
     with workers(env):
-        while store.status(job_id).done < 20:
-            time.sleep(0.05)
+        wait_until(lambda: store.status(job_id).done >= 20, 60, lambda: "20 items before the cancel")
         assert store.cancel(job_id)
         done_at_cancel = store.status(job_id).done
         statuses = wait_finished(store, [job_id, idle], timeout_s=60)
-        while (status := store.status(job_id)).done + status.failed < total:  # cancelled items end too
-            time.sleep(0.1)
+        wait_until(  # cancelled items end too
+            lambda: (s := store.status(job_id)).done + s.failed >= total,
+            60,
+            lambda: "cancelled items never ended",
+        )
     assert [s.state for s in statuses] == ["cancelled", "cancelled"]
     ran = [r for r in store.results(job_id) if r.error is None]
     # The worker looks for cancelled jobs once a second: at 100 items/s, about 100 more may run.
