@@ -32,6 +32,27 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+@app.callback()
+def _check_settings() -> None:
+    """Every command starts from valid settings: a bad BATCHWORK_ variable is one line, not a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        get_settings()
+    except ValidationError as exc:
+        raise fail(settings_error(exc)) from None
+
+
+def settings_error(exc: Any) -> str:
+    """The first problem of a settings ValidationError, named by its environment variable."""
+    error = exc.errors()[0]
+    name, *path = [str(part) for part in error["loc"]]
+    where = f"BATCHWORK_{name.upper()}" + (f": {'.'.join(path)}" if path else "")
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown option"
+    return f"{where}: {error['msg']} (got {error['input']!r})"
+
+
 def _client() -> Any:
     from worker.client import Client
 
@@ -233,13 +254,61 @@ def migrate() -> None:
 
 @app.command()
 def models() -> None:
-    """The models this installation can serve."""
-    from worker.models.registry import describe
+    """The models this installation can serve, with their effective N, T and token budget and the source of
+    each (setting > tuned > default) on this worker's device kind."""
+    from worker.tuning.show import models_table
 
-    table = Table("name", "description", "N", "T ms")
-    for name, text, size, wait_ms in describe():
-        table.add_row(name, text, str(size), f"{wait_ms:g}")
-    Console().print(table)
+    Console().print(*models_table(get_settings()))
+
+
+@app.command()
+def tune(
+    model: Annotated[str, typer.Argument(help="model name or package.module:Class")],
+    max_batch_ms: Annotated[
+        float, typer.Option("--max-batch-ms", help="p99 bound on one batch's run time (normal lane)")
+    ] = 200.0,
+    memory_fraction: Annotated[
+        float, typer.Option("--memory-fraction", help="share of the device's free memory a batch may use")
+    ] = 0.9,
+    lengths: Annotated[
+        str, typer.Option("--lengths", help="'auto' or token lengths, e.g. 16,64,256")
+    ] = "auto",
+    sample: Annotated[
+        Path | None, typer.Option("--sample", help="INPUT.jsonl: lengths and precision checks")
+    ] = None,
+    precisions: Annotated[str | None, typer.Option("--precisions", help="e.g. fp32,bf16,int8")] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="store the choice for every worker")] = False,
+    from_history: Annotated[
+        bool, typer.Option("--from-history", help="fit stored batches instead of sweeping")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", "-o", help="CSV, JSON and PNG here")
+    ] = None,
+    max_n: Annotated[int, typer.Option("--max-n", help="largest batch size to try")] = 1024,
+    point_s: Annotated[float, typer.Option("--point-s", help="seconds of runs per point")] = 1.0,
+) -> None:
+    """Measure the batch curve on this device and choose N, T and the token budget per lane."""
+    from worker.tuning.command import TuneError, run_command
+
+    try:
+        run_command(
+            model,
+            max_batch_ms=max_batch_ms,
+            memory_fraction=memory_fraction,
+            lengths=lengths,
+            sample=sample,
+            precisions=precisions,
+            apply=apply,
+            from_history=from_history,
+            as_json=as_json,
+            output_dir=output_dir,
+            max_n=max_n,
+            point_s=point_s,
+            console=console,
+        )
+    except TuneError as exc:
+        raise fail(str(exc)) from None
 
 
 if __name__ == "__main__":

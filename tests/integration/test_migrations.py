@@ -69,5 +69,12 @@ def test_alembic_command_line_from_repo_root_uses_settings_url(sqlite_url: str) 
         [sys.executable, "-m", "alembic", "upgrade", "head"], cwd=REPO_ROOT, env=env, check=True, timeout=120
     )
 
-    assert table_names(sqlite_url) == {"alembic_version", "jobs", "results", "batches", "generated_tokens"}
+    assert table_names(sqlite_url) == {
+        "alembic_version",
+        "jobs",
+        "results",
+        "batches",
+        "generated_tokens",
+        "tuned_limits",
+    }
     assert schema_diff(sqlite_url) == []

@@ -69,6 +69,21 @@ class Lane:
         size = self.configured.max_batch_size if cap is None else min(cap, self.configured.max_batch_size)
         self.policy = replace(self.configured, max_batch_size=size)
 
+    def reconfigure(self, policy: LanePolicy, cap: int | None) -> None:
+        """Take a new policy (tuned limits changed); waiting items stay, re-bucketed if the edges moved."""
+        edges = self.configured.bucket_edges
+        self.configured = policy
+        self.cap_size(cap)
+        if policy.bucket_edges == edges:
+            return
+        waiting = sorted(
+            (item for bucket in self.buckets for queue in bucket.jobs.values() for item in queue),
+            key=lambda item: item.arrived,
+        )
+        self.buckets = [Bucket() for _ in range(len(policy.bucket_edges) + 1)]
+        for item in waiting:
+            self.buckets[bisect_left(policy.bucket_edges, item.length)].add(item)
+
     def add(self, item: Item) -> None:
         if not self.size:
             self.waiting_since = item.arrived
@@ -149,6 +164,12 @@ class Scheduler:
         for (lane_model, _), lane in self._lanes.items():
             if lane_model == model:
                 lane.cap_size(cap)
+
+    def reconfigure(self, model: str) -> None:
+        """Ask ``policy_for`` again for every lane of ``model``: its limits changed while items wait."""
+        for (lane_model, priority), lane in self._lanes.items():
+            if lane_model == model:
+                lane.reconfigure(self._policy_for((lane_model, priority)), self._caps.get(model))
 
     def __len__(self) -> int:
         return sum(lane.size for lane in self._lanes.values())

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from worker.settings import Settings
+    from worker.settings import ModelOptions, Settings
 
 
 class InvalidInput(ValueError):
@@ -50,6 +50,12 @@ class Model:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+
+    def options(self) -> ModelOptions:
+        """This model's block of BATCHWORK_MODEL_OPTIONS (defaults when it has none)."""
+        from worker.settings import ModelOptions
+
+        return self.settings.model_options.get(self.name) or ModelOptions()
 
     @classmethod
     def validate(cls, index: int, item: object, max_chars: int) -> None:

@@ -23,12 +23,15 @@ from worker.batching.policy import LanePolicy, ModelKnobs, lane_policy
 from worker.batching.scheduler import Batch, Item, LaneKey, Scheduler
 from worker.calls import InferCall, parse_call
 from worker.models.base import InvalidInput, Model, StepModel
+from worker.models.device import device_kind
 from worker.models.registry import model_class
 from worker.runtime.deliveries import Acks, Delivery, Holdings, Message, Slot, TaskEvents, Write
 from worker.runtime.runner import Report, describe, run_batch
 from worker.runtime.storing import Storer
+from worker.runtime.tuned import TunedLimitsWatcher
 from worker.settings import Batching, Settings
 from worker.store.results import BatchRecord, ItemOutcome, ResultStore, TokenCount
+from worker.store.tuned import TunedLimits
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,13 @@ class Engine:
         self.ready = threading.Event()
         self.holdings = Holdings()
         self.storer = Storer(store, acks, events, self.holdings)
+        self.tuned = TunedLimitsWatcher(
+            TunedLimits(store.engine),
+            device_kind(device),
+            settings.tuned_refresh_s,
+            worker_name,
+            self._retune,
+        )
         self._intake: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
         self._writes = self.storer.writes
         self._lock = threading.Condition()
@@ -84,6 +94,7 @@ class Engine:
     # -- control ---------------------------------------------------------------------------
 
     def start(self, preload: Iterable[str] = ()) -> None:
+        self.tuned.start()
         for name in preload:
             self.model(name)
         for thread in self._threads:
@@ -117,14 +128,22 @@ class Engine:
         run.join(timeout_s)
         self._writes.put(None)
         store.join(timeout_s)
+        self.tuned.stop()
 
     def policy_for(self, lane: LaneKey) -> LanePolicy:
         model, priority = lane
         cls = model_class(model)
         defaults = ModelKnobs(cls.max_batch_size, cls.max_wait_ms, cls.max_batch_tokens, cls.bucket_edges)
-        knobs = self.settings.batching.get(model, Batching())
+        knobs = self.settings.batching.get(model, Batching()).over(self.tuned.knobs(model))
         policy = lane_policy(knobs.resolve(defaults), priority)
         return replace(policy, continuous=True) if issubclass(cls, StepModel) else policy
+
+    def _retune(self, models: set[str]) -> None:
+        """Tuned limits changed (called on the watcher's thread): the lanes take them at once."""
+        with self._lock:
+            for model in models:
+                self.scheduler.reconfigure(model)
+            self._lock.notify()
 
     def model(self, name: str) -> Model:
         model = self.models.get(name)
@@ -373,6 +392,7 @@ class Engine:
         before = limit.cap
         if report.out_of_memory_at is not None:
             limit.ran_out_of_memory(report.out_of_memory_at, report.largest_ok)
+            self.tuned.record_out_of_memory(batch.model, report.out_of_memory_at)
         else:
             limit.succeeded(len(batch.items), self.policy_for(batch.lane).max_batch_size)
         if limit.cap != before:
