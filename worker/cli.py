@@ -28,7 +28,7 @@ OutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="results JSO
 
 
 def fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}", highlight=False)
+    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -311,5 +311,24 @@ def tune(
         raise fail(str(exc)) from None
 
 
+def main() -> None:
+    """The ``batchwork`` entry point: Typer's app, with a usage mistake (a bad flag or value) shown as one
+    line and exit code 2 rather than Click's usage block."""
+    # Typer 0.29 carries its own copy of Click; its exceptions live here (typer is pinned).
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+
+    try:
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        print(exc.ctx.get_help() if exc.ctx else str(exc))
+        code = 0
+    except UsageError as exc:
+        command = f"batchwork {exc.ctx.info_name}: " if exc.ctx and exc.ctx.parent else ""
+        raise SystemExit(fail(f"{command}{exc.format_message()}").exit_code) from None
+    except typer.Abort:
+        code = 130
+    raise SystemExit(code or 0)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Iterable
 from functools import cache
 from typing import NamedTuple
 
@@ -49,9 +50,9 @@ def model_class(name: str) -> type[Model]:
     )
 
 
-def describe() -> list[ModelDescription]:
-    """One row per built-in model, for ``batchwork models``."""
-    return [_description(name, model_class(name)) for name in model_names()]
+def describe(names: Iterable[str] = ()) -> list[ModelDescription]:
+    """One row per built-in model and per name in ``names`` (import paths too), for ``batchwork models``."""
+    return [_description(name, model_class(name)) for name in sorted({*model_names(), *names})]
 
 
 def _description(name: str, cls: type[Model]) -> ModelDescription:

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
+from worker.models.base import InvalidInput
 from worker.models.registry import describe, model_class
 from worker.settings import Settings
 from worker.tuning.limits import effective, read_tuned
@@ -23,7 +24,8 @@ def models_table(settings: Settings) -> list[Any]:
         "name", "description", "N", "T ms", "max_batch_tokens", "lanes high / bulk N", title=f"on {kind}"
     )
     notes: list[str] = [] if not isinstance(tuned, str) else [f"tuned limits not shown: {tuned}"]
-    for description in describe():
+    known = [name for name in rows if _importable(name)]
+    for description in describe(known):
         name = description.name
         limits = effective(name, model_class(name), settings, rows.get(name))
         normal = limits.lanes["normal"]
@@ -38,3 +40,12 @@ def models_table(settings: Settings) -> list[Any]:
         if limits.oom_flag:
             notes.append(f"{name}: {limits.oom_flag}")
     return [table, *notes]
+
+
+def _importable(name: str) -> bool:
+    """A tuned model this installation can still resolve (one renamed since is left out)."""
+    try:
+        model_class(name)
+    except InvalidInput:
+        return False
+    return True
