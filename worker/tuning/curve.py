@@ -30,6 +30,9 @@ class Point:
     oom: bool = False  # ran out of memory (caught); its times are meaningless
     runs: int = 0
     precision: str = "fp32"
+    # A decode step of n running sequences (step models): it yields n tokens, and ``length`` is the
+    # prompt's length, not tokens processed per item.
+    step: bool = False
 
     @property
     def items_per_s(self) -> float:
@@ -37,7 +40,7 @@ class Point:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.items_per_s * self.length
+        return self.items_per_s if self.step else self.items_per_s * self.length
 
 
 def point_from_runs(

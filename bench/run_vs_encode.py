@@ -1,0 +1,95 @@
+"""The main job against plain sentence-transformers, as whole processes: ``batchwork run`` (embedded worker,
+SQLite) on a mixed-length corpus vs ``encode(batch_size=32)`` (bench/st_encode.py), at fp32 and at each
+lower precision given, alternating A B A B so a drift of the shared machine hits both.
+
+Prints per precision the median wall time of each side, the median of the pair-by-pair ratios (encode /
+run: above 1 means batchwork is faster) and the minimum cosine of batchwork's embeddings against encode's.
+Never asserts. Run from the repository root: ``python -m bench.run_vs_encode [--items 1500] [--reps 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.minilm_batch_curve import corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--items", type=int, default=1500)
+    parser.add_argument("--reps", type=int, default=3, help="counted pairs per precision (one warm-up pair)")
+    parser.add_argument("--precisions", default="fp32,bf16", help="batchwork's precisions to compare")
+    parser.add_argument("--seed", type=int, default=5)
+    return parser.parse_args()
+
+
+def timed(command: list[str], env: dict[str, str], cwd: Path) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    return elapsed
+
+
+def embeddings(path: Path) -> np.ndarray:
+    return np.array([json.loads(line)["output"] for line in path.read_text().splitlines()], dtype=np.float64)
+
+
+def main() -> None:
+    args = parse_args()
+    work = Path(tempfile.mkdtemp(prefix="run_vs_encode_"))
+    corpus_path = work / "corpus.jsonl"
+    lines = [
+        json.dumps({"id": f"d{i}", "text": text}) for i, text in enumerate(corpus(args.items, args.seed))
+    ]
+    corpus_path.write_text("\n".join(lines) + "\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
+    base.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    encode = [sys.executable, "-m", "bench.st_encode", str(corpus_path), str(work / "st.jsonl")]
+    print(f"{args.items} texts of 5-40 words; {args.reps} counted pairs after one warm-up; cwd {work}")
+    print(f"{'precision':>10} {'run s':>8} {'encode s':>9} {'encode/run':>11} {'min cosine':>11}")
+    for precision in args.precisions.split(","):
+        env = dict(base, BATCHWORK_DATABASE_URL=f"sqlite:///{work / 'batchwork.db'}")
+        env["BATCHWORK_MODEL_OPTIONS"] = json.dumps({"minilm": {"precision": precision}})
+        run = [
+            sys.executable,
+            "-m",
+            "worker.cli",
+            "run",
+            str(corpus_path),
+            "-m",
+            "minilm",
+            "-o",
+            str(work / "run.jsonl"),
+        ]
+        runs, encodes, ratios = [], [], []
+        for rep in range(args.reps + 1):
+            (work / "batchwork.db").unlink(missing_ok=True)
+            a = timed(run, env, ROOT)
+            b = timed(encode, base, ROOT)
+            if rep:  # the first pair warms the page cache and the file system for both
+                runs.append(a)
+                encodes.append(b)
+                ratios.append(b / a)
+        cosine = float(np.min(np.sum(embeddings(work / "run.jsonl") * embeddings(work / "st.jsonl"), axis=1)))
+        print(
+            f"{precision:>10} {statistics.median(runs):8.2f} {statistics.median(encodes):9.2f} "
+            f"{statistics.median(ratios):10.2f}x {cosine:11.6f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
