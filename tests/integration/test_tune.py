@@ -203,3 +203,36 @@ def test_an_unknown_model_option_is_one_line(sqlite_url) -> None:
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error: BATCHWORK_MODEL_OPTIONS: minilm.precision:")
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_step_model_sweeps_running_sequences_and_sizes_the_kv_cache(
+    sqlite_url, tiny_gpt2_eos, tmp_path
+) -> None:
+    # The EOS-prone checkpoint: sequences that finish mid-sweep are replaced and the sweep goes on.
+    env = service_env("memory://", sqlite_url, gpt2_path=str(tiny_gpt2_eos))
+    args = [
+        "tune",
+        "gpt2",
+        "--lengths",
+        "8,24",
+        "--max-n",
+        "8",
+        "--point-s",
+        "0.05",
+        "--json",
+        "-o",
+        str(tmp_path),
+    ]
+    done = batchwork(env, *args)
+    assert done.returncode == 0, done.stderr
+
+    result = json.loads(done.stdout)
+    assert result["max_batch_size"] >= 1 and result["tokens_per_s"] > 0 and result["p99_step_ms"] > 0
+    assert result["max_batch_tokens"] is None and result["kv_budget_tokens"] % 16 == 0
+    assert result["kv_budget_tokens"] >= 16
+    rows = list(csv.DictReader((tmp_path / "points.csv").open()))
+    assert {int(r["length"]) for r in rows} == {8, 24} and max(int(r["n"]) for r in rows) == 8
+
+    refused = batchwork(env, "tune", "gpt2", "--precisions", "bf16")
+    assert refused.returncode == 2 and "fp32 only" in refused.stderr

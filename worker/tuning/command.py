@@ -308,6 +308,8 @@ def print_result(console: Console, result: dict[str, Any], points: list[Point]) 
     report.print_choice(console, result)
     if "precisions" in result:
         report.print_precisions(console, result["precisions"])
+    if result.get("kv_budget_tokens") is not None:
+        console.print(f"KV-cache budget the memory cap holds: {result['kv_budget_tokens']} tokens")
 
 
 def run_command(

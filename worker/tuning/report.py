@@ -140,7 +140,12 @@ def plot(path: Path, points: Sequence[Point], result: Mapping[str, Any]) -> None
                 axis.axvline(lane["max_batch_size"], ls=":", lw=1, color="black")
             speed.annotate(
                 f"{name} N={lane['max_batch_size']}",
-                (lane["max_batch_size"], 0),
+                (lane["max_batch_size"], 0.02),
+                xycoords=("data", "axes fraction"),
+                fontsize=7,
+                rotation=90,
+                va="bottom",
+            )
                 fontsize=7,
                 rotation=90,
                 va="bottom",
