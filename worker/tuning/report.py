@@ -146,10 +146,6 @@ def plot(path: Path, points: Sequence[Point], result: Mapping[str, Any]) -> None
                 rotation=90,
                 va="bottom",
             )
-                fontsize=7,
-                rotation=90,
-                va="bottom",
-            )
     speed.set(xscale="log", xlabel="batch size N", ylabel="items/s", title="throughput (o: knee)")
     latency.set(
         xscale="log",
