@@ -99,7 +99,7 @@ class ModelOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # fp32 is the reference; bf16/fp16 run under autocast (fp16 on CUDA only), int8 is torch's dynamic
+    # fp32 is the reference; bf16/fp16 cast the weights (fp16 on CUDA only), int8 is torch's dynamic
     # quantization of Linear layers (CPU only).
     precision: Precision = "fp32"
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from worker.models.base import Model, Prepared, text_of
-from worker.models.precision import autocast, check_precision, prepare_module
+from worker.models.precision import check_precision, prepare_module
 
 if TYPE_CHECKING:
     import torch
@@ -89,10 +89,9 @@ class MiniLM(Model):
         with torch.inference_mode():
             ids = self._to_device(input_ids)
             mask = self._to_device(attention_mask)
-            with autocast(self.precision, self._device):
-                hidden = self._encoder(
-                    input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)
-                ).last_hidden_state
+            hidden = self._encoder(
+                input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)
+            ).last_hidden_state
             # Pooled in float32 whatever the precision: a bf16 mean over long, padded rows lost 3 digits.
             embeddings = _normalized_mean(hidden.float(), mask)
             rows = embeddings.float().cpu().numpy()
