@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import getpass
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -115,7 +115,7 @@ def tune(request: TuneRequest, settings: Settings, console: Console) -> tuple[di
     with _progress(console) as progress:
         for precision, model in runnable:
             bench = Bench(model, device, request.pacing, precision)
-            points += _sweep(bench, lengths, request, progress)
+            points += sweep_lengths(bench.measure, lengths, request, progress, precision)
     primary = runnable[0][0]
     rates, tuned = _history(settings, request.model, kind)
     mine = [p for p in points if p.precision == primary]
@@ -168,20 +168,27 @@ def _lengths(request: TuneRequest, cls: type[Model], model: Model, sample: Seque
     return sorted({min(longest, next((e for e in cls.bucket_edges if e >= w), w)) for w in wanted})
 
 
-def _sweep(bench: Bench, lengths: Sequence[int], request: TuneRequest, progress: Progress) -> list[Point]:
+def sweep_lengths(
+    measure: Callable[[int, int], Point],
+    lengths: Sequence[int],
+    request: TuneRequest,
+    progress: Progress,
+    label: str,
+) -> list[Point]:
+    """Every length's curve (curve.sweep_length), with the point being measured shown in the progress bar."""
     bounds = list(lane_bounds(request.max_batch_ms).values())
-    task = progress.add_task(bench.precision, total=None)
+    task = progress.add_task(label, total=None)
     points: list[Point] = []
     for length in lengths:
 
-        def measure(n: int, length: int = length) -> Point:
-            progress.update(task, description=f"{bench.precision}: length {length}, N={n}")
-            point = bench.measure(n, length)
+        def measure_at(n: int, length: int = length) -> Point:
+            progress.update(task, description=f"{label}: length {length}, N={n}")
+            point = measure(n, length)
             progress.advance(task)
             return point
 
-        points += sweep_length(measure, bounds_ms=bounds, max_n=request.max_n)
-    progress.update(task, description=f"{bench.precision}: {len(points)} points")
+        points += sweep_length(measure_at, bounds_ms=bounds, max_n=request.max_n)
+    progress.update(task, description=f"{label}: {len(points)} points")
     return points
 
 

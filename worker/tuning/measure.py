@@ -49,7 +49,7 @@ class Bench:
         batch = [self.payload(length)] * n
         try:
             first_s = self._timed(batch)  # warm-up: the first call at a new shape allocates
-            memory = _MemoryProbe(self.device)
+            memory = MemoryProbe(self.device)
             runs_ms = [self._timed(batch) * 1000 for _ in range(self.pacing.runs(first_s))]
             peak = memory.peak_growth()
         except Exception as exc:
@@ -72,16 +72,16 @@ class Bench:
     def _timed(self, batch: Sequence[Any]) -> float:
         started = time.perf_counter()
         self.model.forward(batch)
-        _synchronize(self.device)
+        synchronize(self.device)
         return time.perf_counter() - started
 
 
 def synthetic_payload(model: Model, length: int) -> Any:
     """A prepared text of exactly ``length`` tokens where the tokenizer allows (special tokens counted)."""
     words = max(1, length)
-    prepared = model.prepare([_text(words)])[0]
+    prepared = model.prepare([filler_text(words)])[0]
     if prepared.length not in (1, length):  # one correction: specials make tokens = words + a constant
-        prepared = model.prepare([_text(max(1, words - (prepared.length - length)))])[0]
+        prepared = model.prepare([filler_text(max(1, words - (prepared.length - length)))])[0]
     return prepared.payload
 
 
@@ -89,11 +89,11 @@ def prepared_lengths(model: Model, items: Sequence[object]) -> list[int]:
     return [p.length for p in model.prepare(list(items))]
 
 
-def _text(words: int) -> str:
+def filler_text(words: int) -> str:
     return " ".join(WORDS[i % len(WORDS)] for i in range(words))
 
 
-def _synchronize(device: str) -> None:
+def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         import torch
 
@@ -115,7 +115,7 @@ def free_memory_bytes(device: str) -> int | None:
     return None
 
 
-class _MemoryProbe:
+class MemoryProbe:
     """Peak memory growth from now: CUDA's max_memory_allocated, or the process's peak RSS (VmHWM).
 
     Linux resets VmHWM when "5" is written to /proc/self/clear_refs, so each point has its own peak;

@@ -17,9 +17,9 @@ from rich.console import Console
 from worker.models.base import Finished, StepModel
 from worker.models.device import device_kind, resolve_device
 from worker.settings import Settings
-from worker.tuning.choice import choose, knees, lane_bounds
-from worker.tuning.curve import Point, oom_point, point_from_runs, sweep_length
-from worker.tuning.measure import Pacing, _MemoryProbe, _synchronize, _text, free_memory_bytes
+from worker.tuning.choice import choose, knees
+from worker.tuning.curve import Point, oom_point, point_from_runs
+from worker.tuning.measure import MemoryProbe, Pacing, filler_text, free_memory_bytes, synchronize
 
 AUTO_PROMPT_LENGTHS = (16, 64)
 PAGE_TOKENS = 16
@@ -41,7 +41,7 @@ class StepBench:
             self._fill(n, prompt)
             self._step()  # prefill (untimed), then one warm-up decode step
             first_s = self._step()
-            memory = _MemoryProbe(self.device)
+            memory = MemoryProbe(self.device)
             runs_ms = [self._timed_step(n, prompt) * 1000 for _ in range(self.pacing.runs(first_s))]
             peak = memory.peak_growth()
         except Exception as exc:
@@ -69,7 +69,7 @@ class StepBench:
     def _step(self) -> float:
         started = time.perf_counter()
         finished: list[Finished] = self.model.step()
-        _synchronize(self.device)
+        synchronize(self.device)
         del finished
         return time.perf_counter() - started
 
@@ -81,7 +81,7 @@ class StepBench:
 def _prompt(model: StepModel, length: int, new_tokens: int) -> Any:
     words = length
     for _ in range(2):  # one correction, as for batch models: a tokenizer may split or merge words
-        prepared = model.prepare([{"prompt": _text(words), "max_new_tokens": new_tokens}])[0]
+        prepared = model.prepare([{"prompt": filler_text(words), "max_new_tokens": new_tokens}])[0]
         words = max(1, words - (len(prepared.payload.token_ids) - length))
     if prepared.payload.error:
         raise ValueError(f"cannot build a {length}-token prompt: {prepared.payload.error}")
@@ -91,7 +91,7 @@ def _prompt(model: StepModel, length: int, new_tokens: int) -> Any:
 def tune_steps(
     request: Any, cls: type[StepModel], settings: Settings, console: Console
 ) -> tuple[dict[str, Any], list[Point]]:
-    from worker.tuning.command import TuneError, _progress, _result
+    from worker.tuning.command import TuneError, _progress, _result, sweep_lengths
 
     device = resolve_device(settings.device)
     if request.precisions and set(request.precisions) != {"fp32"}:
@@ -108,19 +108,8 @@ def tune_steps(
             f"--lengths: prompts of {max(lengths)} tokens + {new_tokens} new exceed the context of {context}"
         )
     bench = StepBench(model, device, request.pacing, new_tokens)
-    bounds = list(lane_bounds(request.max_batch_ms).values())
-    points: list[Point] = []
     with _progress(console) as progress:
-        task = progress.add_task("steps", total=None)
-        for length in lengths:
-
-            def measure(n: int, length: int = length) -> Point:
-                progress.update(task, description=f"length {length}, {n} running")
-                point = bench.measure(n, length)
-                progress.advance(task)
-                return point
-
-            points += sweep_length(measure, bounds_ms=bounds, max_n=request.max_n)
+        points = sweep_lengths(bench.measure, lengths, request, progress, "running sequences")
     kind = device_kind(device)
     cap = _memory_cap(model, device, budget, request.memory_fraction)
     # Prompt lengths vary the step's cost, but a step model has no token budget to set: the KV cache is it.
