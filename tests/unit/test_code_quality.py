@@ -36,6 +36,8 @@ def test_mypy() -> None:
     ("module", "forbidden"),
     [
         ("worker.batching.scheduler", ["celery", "kombu", "redis", "sqlalchemy", "torch"]),
+        ("worker.tuning.choice", ["celery", "redis", "sqlalchemy", "torch"]),
+        ("worker.tuning.history", ["celery", "redis", "sqlalchemy", "torch"]),
         ("api", ["torch", "transformers"]),
         ("worker.tasks", ["torch", "transformers"]),
         ("worker.client", ["torch", "transformers"]),
