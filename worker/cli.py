@@ -289,7 +289,8 @@ def tune(
     point_s: Annotated[float, typer.Option("--point-s", help="seconds of runs per point")] = 1.0,
 ) -> None:
     """Measure the batch curve on this device and choose N, T and the token budget per lane."""
-    from worker.tuning.command import TuneError, run_command
+    from worker.tuning.command import run_command
+    from worker.tuning.request import TuneError
 
     try:
         run_command(

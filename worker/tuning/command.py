@@ -6,88 +6,25 @@ User mistakes raise TuneError (one line, exit 2 in the CLI); nothing here prints
 
 from __future__ import annotations
 
-import getpass
-import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from worker.batching.policy import lane_policy
 from worker.models.base import InvalidInput, Model, StepModel
-from worker.models.precision import PRECISIONS, UnsupportedPrecision
-from worker.models.registry import model_class
-from worker.settings import PRIORITIES, ModelOptions, Settings
+from worker.models.precision import UnsupportedPrecision
+from worker.settings import ModelOptions, Settings
 from worker.tuning import report
-from worker.tuning.choice import LaneChoice, as_knobs, choose, knees, lane_bounds
+from worker.tuning.choice import choose, lane_bounds
 from worker.tuning.curve import Point, sweep_length
-from worker.tuning.history import arrival_per_s
-from worker.tuning.limits import defaults_of, read_tuned
 from worker.tuning.measure import Bench, Pacing, free_memory_bytes, prepared_lengths
+from worker.tuning.request import TuneError, TuneRequest, check_request, parse_lengths, parse_precisions
+from worker.tuning.result import apply_choice, build_result, read_history
 
 # Without a sample, lengths that stand for short, medium and long texts (clipped to the model's maximum).
 AUTO_LENGTHS = (16, 64, 256)
-ARRIVAL_WINDOW = timedelta(hours=1)  # the history the fill time T is read from
-
-
-class TuneError(ValueError):
-    """A mistake in the command line or its files; the message is the one line the user sees."""
-
-
-@dataclass(frozen=True)
-class TuneRequest:
-    model: str
-    max_batch_ms: float
-    memory_fraction: float = 0.9
-    lengths: tuple[int, ...] | None = None  # None: auto
-    sample: Path | None = None
-    precisions: tuple[str, ...] = ()  # empty: the model's configured precision only
-    apply: bool = False
-    max_n: int = 1024
-    pacing: Pacing = field(default_factory=Pacing)
-
-
-def parse_lengths(text: str) -> tuple[int, ...] | None:
-    if text == "auto":
-        return None
-    try:
-        lengths = tuple(sorted({int(part) for part in text.split(",")}))
-    except ValueError:
-        raise TuneError(
-            f"--lengths must be 'auto' or comma-separated token counts like 16,64,256, not {text!r}"
-        ) from None
-    if not lengths or lengths[0] < 1:
-        raise TuneError("--lengths: every length must be at least 1 token")
-    return lengths
-
-
-def parse_precisions(text: str | None) -> tuple[str, ...]:
-    if not text:
-        return ()
-    names = tuple(dict.fromkeys(part.strip() for part in text.split(",")))
-    unknown = [name for name in names if name not in PRECISIONS]
-    if unknown:
-        raise TuneError(f"--precisions: unknown {', '.join(unknown)}; use some of {', '.join(PRECISIONS)}")
-    return names
-
-
-def check_request(request: TuneRequest) -> type[Model]:
-    if request.max_batch_ms <= 0:
-        raise TuneError("--max-batch-ms must be above 0")
-    if not 0 < request.memory_fraction <= 1:
-        raise TuneError("--memory-fraction must be above 0 and at most 1")
-    if request.max_n < 1:
-        raise TuneError("--max-n must be at least 1")
-    if request.sample is not None and not request.sample.is_file():
-        raise TuneError(f"--sample {request.sample}: no such file")
-    try:
-        return model_class(request.model)
-    except InvalidInput as exc:
-        raise TuneError(str(exc)) from None
 
 
 def tune(request: TuneRequest, settings: Settings, console: Console) -> tuple[dict[str, Any], list[Point]]:
@@ -117,17 +54,17 @@ def tune(request: TuneRequest, settings: Settings, console: Console) -> tuple[di
             bench = Bench(model, device, request.pacing, precision)
             points += sweep_lengths(bench.measure, lengths, request, progress, precision)
     primary = runnable[0][0]
-    rates, tuned = _history(settings, request.model, kind)
+    rates, tuned = read_history(settings, request.model, kind)
     mine = [p for p in points if p.precision == primary]
     lanes = choose(mine, request.max_batch_ms, memory_cap, rates)
-    result = _result(request, cls, device, kind, primary, memory_cap, lanes, mine, tuned)
+    result = build_result(request, cls, device, kind, primary, memory_cap, lanes, mine, tuned)
     if len(precisions) > 1:
         models = dict(zip(precisions, loaded, strict=True))
         result["precisions"] = precision_check.compare(
             cls, settings, device, models, points, request.max_batch_ms, memory_cap, sample
         )
     if request.apply:
-        _apply(settings, request.model, kind, lanes, result)
+        apply_choice(settings, request.model, kind, lanes, result)
     return result, points
 
 
@@ -205,109 +142,6 @@ def _progress(console: Console) -> Progress:
 def _memory_cap(device: str, fraction: float) -> int | None:
     free = free_memory_bytes(device)
     return None if free is None else int(free * fraction)
-
-
-def _history(settings: Settings, model: str, kind: str) -> tuple[dict[str, float], Any]:
-    """Arrival rate per lane over the last hour of stored batches, and this model's tuned row."""
-    tuned = read_tuned(settings.database_url, kind)
-    if isinstance(tuned, str):
-        return {}, None
-    from worker.store.tuned import TunedLimits
-
-    store = TunedLimits.from_url(settings.database_url)
-    try:
-        rows = store.batches(model, ARRIVAL_WINDOW)
-    finally:
-        store.close()
-    rates: dict[str, float] = {}
-    for lane in PRIORITIES:
-        mine = [row for row in rows if row.lane == lane]
-        rate = arrival_per_s([r.size for r in mine], [r.started_at.timestamp() for r in mine])
-        if rate:
-            rates[lane] = rate
-    return rates, tuned.get(model)
-
-
-def _result(
-    request: TuneRequest,
-    cls: type[Model],
-    device: str,
-    kind: str,
-    precision: str,
-    memory_cap: int | None,
-    lanes: dict[str, LaneChoice],
-    points: Sequence[Point],
-    tuned: Any,
-) -> dict[str, Any]:
-    lane_rows = {name: _lane_row(choice, cls) for name, choice in lanes.items()}
-    normal = lane_rows["normal"]
-    warnings = [
-        f"lane {name}: no batch size met the {row['bound_ms']:g} ms bound"
-        for name, row in lane_rows.items()
-        if row["max_batch_size"] is None
-    ]
-    oom = None if tuned is None else tuned.oom_batch_size
-    largest = max((row["max_batch_size"] or 0) for row in lane_rows.values())
-    if oom is not None and largest >= oom:
-        warnings.append(
-            f"N {largest} is at or above {oom}, a batch size that ran out of memory on {tuned.oom_worker}"
-        )
-    return {
-        "model": request.model,
-        "device": device,
-        "device_kind": kind,
-        "precision": precision,
-        "max_batch_ms": request.max_batch_ms,
-        "memory_cap_bytes": memory_cap,
-        **{
-            key: normal[key]
-            for key in ("max_batch_size", "max_batch_tokens", "max_wait_ms", "p99_batch_ms", "items_per_s")
-        },
-        "lengths": sorted({p.length for p in points}),
-        "knee": {str(length): n for length, n in knees(points).items()},
-        "lanes": lane_rows,
-        "oom_batch_size": oom,
-        "warnings": warnings,
-        "points": len(points),
-        "applied": request.apply,
-    }
-
-
-def _lane_row(choice: LaneChoice, cls: type[Model]) -> dict[str, Any]:
-    default_wait_ms = lane_policy(defaults_of(cls), choice.lane).max_wait_s * 1000
-    return {
-        "bound_ms": choice.bound_ms,
-        "max_batch_size": choice.max_batch_size,
-        "max_batch_tokens": choice.max_batch_tokens,
-        "max_wait_ms": default_wait_ms if choice.max_wait_ms is None else choice.max_wait_ms,
-        "max_wait_from": "default" if choice.max_wait_ms is None else "history",
-        "p99_batch_ms": None if choice.p99_batch_ms is None else round(choice.p99_batch_ms, 2),
-        "items_per_s": None if choice.items_per_s is None else round(choice.items_per_s, 1),
-        "length": choice.length,
-        "per_length": {str(length): n for length, n in choice.per_length.items()},
-    }
-
-
-def _apply(
-    settings: Settings, model: str, kind: str, lanes: dict[str, LaneChoice], result: dict[str, Any]
-) -> None:
-    from worker.store.schema import migrate
-    from worker.store.tuned import TunedLimits
-
-    if any(choice.max_batch_size is None for choice in lanes.values()):
-        raise TuneError("--apply: some lane has no batch size within its bound; raise --max-batch-ms")
-    if settings.database_url.startswith("sqlite"):
-        migrate(settings.database_url)  # the embedded run's database is created on first use
-    store = TunedLimits.from_url(settings.database_url)
-    detail = {key: result[key] for key in ("max_batch_ms", "precision", "memory_cap_bytes", "lanes", "knee")}
-    try:
-        store.apply(model, kind, as_knobs(lanes), detail, f"{getpass.getuser()}@{socket.gethostname()}")
-    except Exception as exc:
-        raise TuneError(
-            f"--apply: could not store the limits ({type(exc).__name__}: {exc}); run `batchwork migrate`?"
-        ) from None
-    finally:
-        store.close()
 
 
 def print_result(console: Console, result: dict[str, Any], points: list[Point]) -> None:

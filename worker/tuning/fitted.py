@@ -12,9 +12,9 @@ from rich.table import Table
 
 from worker.settings import Settings
 from worker.tuning.choice import lane_bounds
-from worker.tuning.command import TuneError, TuneRequest
 from worker.tuning.history import MARGIN_SIGMAS, NotEnoughHistory, fit_cost
 from worker.tuning.limits import effective, read_tuned
+from worker.tuning.request import TuneError, TuneRequest
 
 HISTORY_WINDOW = timedelta(days=7)
 

@@ -91,7 +91,9 @@ def _prompt(model: StepModel, length: int, new_tokens: int) -> Any:
 def tune_steps(
     request: Any, cls: type[StepModel], settings: Settings, console: Console
 ) -> tuple[dict[str, Any], list[Point]]:
-    from worker.tuning.command import TuneError, _progress, _result, sweep_lengths
+    from worker.tuning.command import _progress, sweep_lengths
+    from worker.tuning.request import TuneError
+    from worker.tuning.result import build_result
 
     device = resolve_device(settings.device)
     if request.precisions and set(request.precisions) != {"fp32"}:
@@ -117,15 +119,15 @@ def tune_steps(
         name: replace(c, max_batch_tokens=None)
         for name, c in choose(points, request.max_batch_ms, None).items()
     }
-    result = _result(request, cls, device, kind, "fp32", cap, lanes, points, None)
+    result = build_result(request, cls, device, kind, "fp32", cap, lanes, points, None)
     result["knee"] = {str(length): n for length, n in knees(points).items()}
     result["kv_budget_tokens"] = _kv_budget(model, cap, lanes, context)
     result["tokens_per_s"] = result.pop("items_per_s")
     result["p99_step_ms"] = result["p99_batch_ms"]
     if request.apply:
-        from worker.tuning.command import _apply
+        from worker.tuning.result import apply_choice
 
-        _apply(settings, request.model, kind, lanes, result)
+        apply_choice(settings, request.model, kind, lanes, result)
     return result, points
 
 
