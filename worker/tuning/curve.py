@@ -88,15 +88,18 @@ def bracket(points: Iterable[Point], bound_ms: float) -> tuple[Point | None, Poi
 
 
 def sweep_length(measure: Callable[[int], Point], *, bounds_ms: Sequence[float], max_n: int) -> list[Point]:
-    """One length's curve: N = 1, 2, 4, ... until the largest bound, memory or the plateau stops it, then
-    bisection where each lane's bound is crossed (to within an eighth of N) and below the knee (a quarter).
+    """One length's curve: N = 1, 2, 4, ... until the median passes the largest bound, memory runs out or
+    the throughput plateaus; then bisection where each lane's bound is crossed (to within an eighth of N)
+    and below the knee (to within a quarter).
     """
     points: list[Point] = []
     n = 1
     while n <= max_n:
         point = measure(n)
         points.append(point)
-        if point.oom or point.p99_ms > max(bounds_ms) or plateaued(points):
+        # The median, not p99, decides that N is clearly past every bound: on a shared machine one slow
+        # run among a few is p99, and would end the sweep before the sizes worth having.
+        if point.oom or point.p50_ms > max(bounds_ms) or plateaued(points):
             break
         n *= 2
     for bound in sorted(bounds_ms):
