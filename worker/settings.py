@@ -15,8 +15,6 @@ from worker.batching.policy import PRIORITIES, LaneKnobs, ModelKnobs
 
 __all__ = ["PRIORITIES", "Batching", "Lane", "ModelOptions", "Settings", "get_settings"]
 
-# Where an effective batching limit came from, in precedence order (README, "Tuning").
-SOURCES = ("setting", "tuned", "default")
 Precision = Literal["fp32", "bf16", "fp16", "int8"]
 
 

@@ -10,12 +10,14 @@ torch is imported only inside the functions.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
+
+from worker.settings import Precision
 
 if TYPE_CHECKING:
     import torch
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+PRECISIONS: tuple[str, ...] = get_args(Precision)  # the setting's own list: one place names them
 
 
 class UnsupportedPrecision(ValueError):
