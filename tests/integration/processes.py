@@ -27,6 +27,20 @@ def service_env(broker_url: str, database_url: str, **settings: Any) -> dict[str
     return env
 
 
+def run_cli(
+    env: dict[str, str], *args: str, cwd: Path = ROOT, timeout_s: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """``batchwork ARGS`` in a subprocess with ``env``, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
 class WorkerProcess:
     """`batchwork worker` in a subprocess; its log is kept for assertions and failure messages."""
 

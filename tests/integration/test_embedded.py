@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.processes import ROOT
+from tests.integration.processes import ROOT, run_cli
 
 EXAMPLE = ROOT / "examples" / "docs.jsonl"
 
@@ -18,14 +17,7 @@ EXAMPLE = ROOT / "examples" / "docs.jsonl"
 def batchwork(tmp_path: Path, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
     env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+    return run_cli(env, *args, cwd=tmp_path, timeout_s=timeout_s)
 
 
 def read_lines(path: Path) -> list[dict]:

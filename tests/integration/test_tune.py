@@ -7,14 +7,12 @@ from __future__ import annotations
 import csv
 import json
 import random
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.integration.processes import ROOT, produce, service_env, wait_finished, workers
+from tests.integration.processes import produce, run_cli, service_env, wait_finished, workers
 from worker.store.results import BatchRecord, ResultStore
 from worker.store.tuned import TunedLimits
 
@@ -22,15 +20,7 @@ SIMULATED = {"simulated_base_ms": "20", "simulated_per_item_ms": "2"}
 OOM_MODEL = "tests.integration.fault_models:OutOfMemoryAbove16"
 
 
-def batchwork(env: dict[str, str], *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+batchwork = run_cli
 
 
 def texts(n: int) -> list[str]:
