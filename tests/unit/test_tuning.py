@@ -157,3 +157,18 @@ def test_a_lane_takes_new_limits_with_its_waiting_items() -> None:
     batch = s.next_batch(now=0.0)
     assert batch is not None and len(batch.items) == 6  # the new N, from the re-bucketed items
     assert len(s) == 4
+
+
+def test_a_slow_reading_below_a_faster_larger_batch_is_taken_for_interference() -> None:
+    times = {1: 10.0, 2: 400.0, 4: 20.0, 8: 35.0, 16: 300.0}  # n=2 was hit by another process
+    points = [Point(n, 64, ms, ms) for n, ms in times.items()]
+    lane = choose_lane("normal", points, bound_ms=100, memory_cap_bytes=None)
+    assert lane.max_batch_size == 8 and lane.p99_batch_ms == 35.0
+
+
+def test_the_budget_lands_every_length_on_a_point_within_the_bound() -> None:
+    short = [Point(n, 16, 5 + n, 5 + n) for n in (1, 2, 4, 8, 16, 32)]
+    long = [Point(n, 128, 5 + 10 * n, 5 + 10 * n) for n in (1, 2, 4, 8)]  # 8 x 128 tokens: 85 ms
+    lane = choose_lane("normal", short + long, bound_ms=50, memory_cap_bytes=None)
+    assert lane.max_batch_size == 32 and lane.max_batch_tokens == 4 * 128  # n=4 at 128 tokens: 45 ms
+    assert lane.per_length == {16: 32, 128: 4} and lane.p99_batch_ms == 45

@@ -6,8 +6,9 @@ Pure arithmetic on measured points (worker.tuning.curve); never imports torch or
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 from worker.batching.policy import PRIORITIES
 from worker.tuning.curve import Point, knee
@@ -61,23 +62,24 @@ def choose_lane(
     """The count cap N from the shortest length's best point; the token budget as large as the lengths'
     best points want, but never so large that a length runs a batch over the bound.
 
-    A batch of items of length L holds min(N, budget // L) of them, so the budget is cut wherever that
-    would exceed the largest size measured within the bound at L.
+    A batch of items of length L holds min(N, budget // L) of them, so the budget is cut wherever the
+    point measured for that size (the nearest at or above it) is over the bound.
     """
-    curves = by_length(points)
+    curves = {length: monotone(curve) for length, curve in by_length(points).items()}
     reference = sorted(curves)[len(curves) // 2]
     best: dict[int, Point] = {}
-    largest: dict[int, int] = {}
     for length, curve in curves.items():
         ok = [p for p in curve if feasible(p, bound_ms, memory_cap_bytes)]
         if ok:
             best[length] = max(ok, key=lambda p: (p.items_per_s, -p.n))
-            largest[length] = max(p.n for p in ok)
     shortest = min(curves)
     if shortest not in best:
         return LaneChoice(lane, bound_ms, None, None, None, None, None, reference)
     n = best[shortest].n
-    budget = _token_budget(n, best, largest, curves) if max(curves) > 1 else None
+    fits = partial(feasible, bound_ms=bound_ms, memory_cap_bytes=memory_cap_bytes)
+    budget = (
+        _token_budget(n, best, {length: curves[length] for length in best}, fits) if max(curves) > 1 else None
+    )
     sizes = {length: _size_at(n, budget, length) for length in curves}
     used = {length: _measured_at(curves[length], size) for length, size in sizes.items()}
     p99 = max((p.p99_ms for p in used.values() if p is not None), default=None)
@@ -96,14 +98,39 @@ def choose_lane(
 
 
 def _token_budget(
-    n: int, best: Mapping[int, Point], largest: Mapping[int, int], curves: Mapping[int, object]
+    n: int, best: Mapping[int, Point], curves: Mapping[int, Sequence[Point]], fits: Callable[[Point], bool]
 ) -> int:
+    """The largest budget the lengths' best points want, lowered until every length's batch size lands
+    on a point within the bound. Lengths that met the bound at no size are left out: nothing helps them."""
     budget = max(point.n * length for length, point in best.items())
-    for length in curves:
-        size = largest.get(length, 1)  # a length that met the bound at no size: its items run alone
-        if n > size:
-            budget = min(budget, size * length)
+    lowered = True
+    while lowered:
+        lowered = False
+        for length, curve in curves.items():
+            size = _size_at(n, budget, length)
+            point = _measured_at(curve, size)
+            if point is None or fits(point):
+                continue
+            smaller = [p.n for p in curve if p.n < size and fits(p)]
+            if smaller and max(smaller) * length < budget:
+                budget, lowered = max(smaller) * length, True
     return budget
+
+
+def monotone(curve: Sequence[Point]) -> list[Point]:
+    """One length's points with each time replaced by the least time of any batch at least as large.
+
+    A batch of n items never costs more than one of more items of the same length, so a slower reading
+    at a smaller size is interference (this repository's dev box is shared): on such a machine one slow
+    run among a few is the p99. The CSV keeps the raw readings.
+    """
+    ran = sorted((p for p in curve if not p.oom), key=lambda p: p.n)
+    cleaned: list[Point] = []
+    p50 = p99 = float("inf")
+    for point in reversed(ran):
+        p50, p99 = min(p50, point.p50_ms), min(p99, point.p99_ms)
+        cleaned.append(replace(point, p50_ms=p50, p99_ms=p99))
+    return sorted([*cleaned, *(p for p in curve if p.oom)], key=lambda p: p.n)
 
 
 def _size_at(n: int, budget: int | None, length: int) -> int:
@@ -125,7 +152,7 @@ def fill_wait_ms(n: int, arrival_per_s: float | None, bound_ms: float) -> float 
 
 def knees(points: Sequence[Point]) -> dict[int, int]:
     """Per length, the knee's N (see curve.knee)."""
-    found = {length: knee(curve) for length, curve in by_length(points).items()}
+    found = {length: knee(monotone(curve)) for length, curve in by_length(points).items()}
     return {length: point.n for length, point in found.items() if point is not None}
 
 
