@@ -88,8 +88,8 @@ def bracket(points: Iterable[Point], bound_ms: float) -> tuple[Point | None, Poi
 
 
 def sweep_length(measure: Callable[[int], Point], *, bounds_ms: Sequence[float], max_n: int) -> list[Point]:
-    """One length's curve: N = 1, 2, 4, ... until the median passes the largest bound, memory runs out or
-    the throughput plateaus; then bisection where each lane's bound is crossed (to within an eighth of N)
+    """One length's curve: N = 1, 2, 4, ... until two sizes in a row pass the largest bound (median),
+    memory runs out or the throughput plateaus; then bisection where each lane's bound is crossed (to within an eighth of N)
     and below the knee (to within a quarter).
     """
     points: list[Point] = []
@@ -97,15 +97,22 @@ def sweep_length(measure: Callable[[int], Point], *, bounds_ms: Sequence[float],
     while n <= max_n:
         point = measure(n)
         points.append(point)
-        # The median, not p99, decides that N is clearly past every bound: on a shared machine one slow
-        # run among a few is p99, and would end the sweep before the sizes worth having.
-        if point.oom or point.p50_ms > max(bounds_ms) or plateaued(points):
+        if point.oom or _past(points, max(bounds_ms)) or plateaued(points):
             break
         n *= 2
     for bound in sorted(bounds_ms):
         _bisect(points, measure, partial(_bound_gap, bound_ms=bound), fraction=8)
     _bisect(points, measure, _knee_gap, fraction=4)
     return sorted(points, key=lambda p: p.n)
+
+
+def _past(points: Sequence[Point], bound_ms: float) -> bool:
+    """The last two sizes both ran past ``bound_ms`` at the median: N is clearly past every bound.
+
+    The median, and two sizes, because on a shared machine a burst of other work can slow every run of one
+    point; a single such point would end the sweep before the sizes worth having.
+    """
+    return len(points) >= 2 and all(p.p50_ms > bound_ms for p in points[-2:])
 
 
 def _bisect(
