@@ -89,8 +89,8 @@ def bracket(points: Iterable[Point], bound_ms: float) -> tuple[Point | None, Poi
 
 def sweep_length(measure: Callable[[int], Point], *, bounds_ms: Sequence[float], max_n: int) -> list[Point]:
     """One length's curve: N = 1, 2, 4, ... until two sizes in a row pass the largest bound (median),
-    memory runs out or the throughput plateaus; then bisection where each lane's bound is crossed (to within an eighth of N)
-    and below the knee (to within a quarter).
+    memory runs out or the throughput plateaus; then bisection where each lane's bound is crossed (to
+    within an eighth of N) and below the knee (to within a quarter).
     """
     points: list[Point] = []
     n = 1
