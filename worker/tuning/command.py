@@ -176,6 +176,8 @@ def run_command(
 
     if point_s <= 0:
         raise TuneError("--point-s must be above 0")
+    if from_history and (apply or precisions):
+        raise TuneError("--from-history measures nothing: --apply and --precisions go with a sweep")
     request = TuneRequest(
         model,
         max_batch_ms,
