@@ -1,8 +1,8 @@
 """The main job against plain sentence-transformers, as whole processes: ``batchwork run`` (embedded worker,
 SQLite) on a mixed-length corpus vs ``encode(batch_size=32)`` (bench/st_encode.py), at fp32 and at each
-lower precision given, alternating A B A B so a drift of the shared machine hits both.
+lower precision given, in rounds (encode, then each precision) so a drift of the shared machine hits all.
 
-Prints per precision the median wall time of each side, the median of the pair-by-pair ratios (encode /
+Prints per precision the median wall time of each side, the median of the per-round ratios (encode /
 run: above 1 means batchwork is faster) and the minimum cosine of batchwork's embeddings against encode's.
 Never asserts. Run from the repository root: ``python -m bench.run_vs_encode [--items 1500] [--reps 3]``.
 """
@@ -61,34 +61,52 @@ def main() -> None:
     encode = [sys.executable, "-m", "bench.st_encode", str(corpus_path), str(work / "st.jsonl")]
     print(f"{args.items} texts of 5-40 words; {args.reps} counted pairs after one warm-up; cwd {work}")
     print(f"{'precision':>10} {'run s':>8} {'encode s':>9} {'encode/run':>11} {'min cosine':>11}")
-    for precision in args.precisions.split(","):
-        env = dict(base, BATCHWORK_DATABASE_URL=f"sqlite:///{work / 'batchwork.db'}")
-        env["BATCHWORK_MODEL_OPTIONS"] = json.dumps({"minilm": {"precision": precision}})
-        run = [
-            sys.executable,
-            "-m",
-            "worker.cli",
-            "run",
-            str(corpus_path),
-            "-m",
-            "minilm",
-            "-o",
-            str(work / "run.jsonl"),
-        ]
-        runs, encodes, ratios = [], [], []
-        for rep in range(args.reps + 1):
+    precisions = args.precisions.split(",")
+    runs: dict[str, list[float]] = {p: [] for p in precisions}
+    ratios: dict[str, list[float]] = {p: [] for p in precisions}
+    encodes: list[float] = []
+    cosines: dict[str, float] = {}
+    # Each round: encode, then every precision, so one encode and all runs share the machine's state.
+    for rep in range(args.reps + 1):
+        b = timed(encode, base, ROOT)
+        for precision in precisions:
             (work / "batchwork.db").unlink(missing_ok=True)
-            a = timed(run, env, ROOT)
-            b = timed(encode, base, ROOT)
-            if rep:  # the first pair warms the page cache and the file system for both
-                runs.append(a)
-                encodes.append(b)
-                ratios.append(b / a)
-        cosine = float(np.min(np.sum(embeddings(work / "run.jsonl") * embeddings(work / "st.jsonl"), axis=1)))
+            a = timed(run_command(work, corpus_path), run_env(base, work, precision), ROOT)
+            cosines[precision] = min_cosine(work / "run.jsonl", work / "st.jsonl")
+            if rep:  # the first round warms the page cache and the file system for all
+                runs[precision].append(a)
+                ratios[precision].append(b / a)
+        if rep:
+            encodes.append(b)
+    for precision in precisions:
         print(
-            f"{precision:>10} {statistics.median(runs):8.2f} {statistics.median(encodes):9.2f} "
-            f"{statistics.median(ratios):10.2f}x {cosine:11.6f}"
+            f"{precision:>10} {statistics.median(runs[precision]):8.2f} {statistics.median(encodes):9.2f} "
+            f"{statistics.median(ratios[precision]):10.2f}x {cosines[precision]:11.6f}"
         )
+
+
+def run_command(work: Path, corpus_path: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "worker.cli",
+        "run",
+        str(corpus_path),
+        "-m",
+        "minilm",
+        "-o",
+        str(work / "run.jsonl"),
+    ]
+
+
+def run_env(base: dict[str, str], work: Path, precision: str) -> dict[str, str]:
+    env = dict(base, BATCHWORK_DATABASE_URL=f"sqlite:///{work / 'batchwork.db'}")
+    env["BATCHWORK_MODEL_OPTIONS"] = json.dumps({"minilm": {"precision": precision}})
+    return env
+
+
+def min_cosine(ours: Path, reference: Path) -> float:
+    return float(np.min(np.sum(embeddings(ours) * embeddings(reference), axis=1)))
 
 
 if __name__ == "__main__":
