@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--items", type=int, default=1500)
-    parser.add_argument("--reps", type=int, default=3, help="counted pairs per precision (one warm-up pair)")
+    parser.add_argument("--reps", type=int, default=3, help="counted rounds (one warm-up round)")
     parser.add_argument("--precisions", default="fp32,bf16", help="batchwork's precisions to compare")
     parser.add_argument("--seed", type=int, default=5)
     return parser.parse_args()
@@ -59,7 +59,7 @@ def main() -> None:
     base = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
     base.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     encode = [sys.executable, "-m", "bench.st_encode", str(corpus_path), str(work / "st.jsonl")]
-    print(f"{args.items} texts of 5-40 words; {args.reps} counted pairs after one warm-up; cwd {work}")
+    print(f"{args.items} texts of 5-40 words; {args.reps} counted rounds after one warm-up; cwd {work}")
     print(f"{'precision':>10} {'run s':>8} {'encode s':>9} {'encode/run':>11} {'min cosine':>11}")
     precisions = args.precisions.split(",")
     runs: dict[str, list[float]] = {p: [] for p in precisions}
