@@ -61,6 +61,11 @@ def build_result(
         for name, row in lane_rows.items()
         if row["max_batch_size"] is None
     ]
+    warnings += [
+        f"lane {name}: a length met the {row['bound_ms']:g} ms bound at no size (p99 {row['p99_batch_ms']} ms)"
+        for name, row in lane_rows.items()
+        if row["p99_batch_ms"] is not None and row["p99_batch_ms"] > row["bound_ms"]
+    ]
     oom = None if tuned is None else tuned.oom_batch_size
     largest = max((row["max_batch_size"] or 0) for row in lane_rows.values())
     if oom is not None and largest >= oom:
