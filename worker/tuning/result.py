@@ -62,7 +62,7 @@ def build_result(
         if row["max_batch_size"] is None
     ]
     warnings += [
-        f"lane {name}: a length met the {row['bound_ms']:g} ms bound at no size (p99 {row['p99_batch_ms']} ms)"
+        f"lane {name}: a length met the {row['bound_ms']:g} ms bound at no size ({row['p99_batch_ms']} ms)"
         for name, row in lane_rows.items()
         if row["p99_batch_ms"] is not None and row["p99_batch_ms"] > row["bound_ms"]
     ]
