@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.batching.policy import PRIORITIES, LaneKnobs, ModelKnobs
 from worker.models.registry import BUILTIN_MODELS, MAX_MODEL_NAME_CHARS
 
-__all__ = ["PRIORITIES", "Batching", "Lane", "Settings", "get_settings"]
+__all__ = ["PRIORITIES", "Batching", "Lane", "ModelOptions", "Settings", "get_settings"]
+
+Precision = Literal["fp32", "bf16", "fp16", "int8"]
 
 # A model is a built-in name or an import path: dotted module, one colon, a class name.
 _MODEL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
@@ -26,6 +29,7 @@ class Lane(BaseModel):
     max_batch_size: int | None = Field(default=None, ge=1)
     max_wait_ms: float | None = Field(default=None, ge=0)
     max_delay_ms: float | None = Field(default=None, ge=0, description="starvation bound (aging)")
+    max_batch_tokens: int | None = Field(default=None, ge=1, description="this lane's token budget")
 
 
 class Batching(BaseModel):
@@ -59,6 +63,49 @@ class Batching(BaseModel):
             lanes={name: LaneKnobs(**lane.model_dump()) for name, lane in self.lanes.items()},
         )
 
+    def over(self, tuned: Batching) -> Batching:
+        """These (explicit) knobs laid over tuned ones: each field from the first that sets it.
+
+        A tuned lane value of a field yields to the same field set for the whole model here, so an
+        explicit model-level N also rules the lanes it derives (high's N/8) over tuned lane sizes.
+        """
+        lanes = {}
+        for name in PRIORITIES:
+            mine, theirs = self.lanes.get(name, Lane()), tuned.lanes.get(name, Lane())
+            merged = {
+                key: value if value is not None else _unless_set(self, key, getattr(theirs, key))
+                for key, value in mine.model_dump().items()
+            }
+            if any(value is not None for value in merged.values()):
+                lanes[name] = Lane(**merged)
+        return Batching(
+            max_batch_size=self.max_batch_size or tuned.max_batch_size,
+            max_wait_ms=tuned.max_wait_ms if self.max_wait_ms is None else self.max_wait_ms,
+            max_batch_tokens=self.max_batch_tokens or tuned.max_batch_tokens,
+            bucket_edges=self.bucket_edges if self.bucket_edges is not None else tuned.bucket_edges,
+            lanes=lanes,
+        )
+
+    def source(self, tuned: Batching, name: str) -> str:
+        """Which layer a model-level field (max_batch_size, max_wait_ms, ...) comes from."""
+        if getattr(self, name) is not None:
+            return "setting"
+        return "tuned" if getattr(tuned, name) is not None else "default"
+
+
+def _unless_set(explicit: Batching, key: str, value: Any) -> Any:
+    return None if getattr(explicit, key, None) is not None else value
+
+
+class ModelOptions(BaseModel):
+    """One model's options (BATCHWORK_MODEL_OPTIONS); a model reads its own block."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # fp32 is the reference; bf16/fp16 cast the weights (fp16 on CUDA only), int8 is torch's dynamic
+    # quantization of Linear layers (CPU only).
+    precision: Precision = "fp32"
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATCHWORK_", env_nested_delimiter="__", extra="ignore")
@@ -78,6 +125,10 @@ class Settings(BaseSettings):
 
     # Per-model batching, e.g. BATCHWORK_BATCHING='{"minilm": {"max_batch_size": 32, "max_wait_ms": 20}}'.
     batching: dict[str, Batching] = Field(default_factory=dict)
+    # Per-model options, e.g. BATCHWORK_MODEL_OPTIONS='{"minilm": {"precision": "bf16"}}'.
+    model_options: dict[str, ModelOptions] = Field(default_factory=dict)
+    # How often a worker re-reads the limits `batchwork tune --apply` stored (applied without a restart).
+    tuned_refresh_s: float = Field(default=30.0, gt=0)
 
     # Celery task events (received / started / succeeded per message) for Flower; each is a publish.
     task_events: bool = True

@@ -76,5 +76,6 @@ def test_alembic_command_line_from_repo_root_uses_settings_url(sqlite_url: str) 
         "batches",
         "generated_tokens",
         "api_keys",
+        "tuned_limits",
     }
     assert schema_diff(sqlite_url) == []

@@ -37,6 +37,8 @@ def test_mypy() -> None:
     [
         ("worker.batching.scheduler", ["celery", "kombu", "redis", "sqlalchemy", "torch"]),
         ("worker.batching.sequences", ["celery", "kombu", "redis", "sqlalchemy", "torch"]),
+        ("worker.tuning.choice", ["celery", "redis", "sqlalchemy", "torch"]),
+        ("worker.tuning.history", ["celery", "redis", "sqlalchemy", "torch"]),
         ("api", ["torch", "transformers"]),
         ("api.app", ["torch", "transformers"]),  # the whole app: routes, registry checks, client, store
         ("worker.tasks", ["torch", "transformers"]),

@@ -34,6 +34,7 @@ class LaneKnobs:
     max_batch_size: int | None = None
     max_wait_ms: float | None = None
     max_delay_ms: float | None = None
+    max_batch_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,4 +79,6 @@ def lane_policy(knobs: ModelKnobs, priority: str) -> LanePolicy:
         policy = replace(policy, max_wait_s=lane.max_wait_ms / 1000)
     if lane.max_delay_ms is not None:
         policy = replace(policy, max_delay_s=lane.max_delay_ms / 1000)
+    if lane.max_batch_tokens is not None:
+        policy = replace(policy, max_batch_tokens=lane.max_batch_tokens)
     return policy

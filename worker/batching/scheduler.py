@@ -36,10 +36,12 @@ class Scheduler:
             lane = self._lanes[key] = LaneQueue(key, self._policy_for(key), self._cap(model))
         lane.add(item)
 
-    def reconfigure(self) -> None:
-        """Ask ``policy_for`` again for every lane (the settings or tuned limits changed)."""
+    def reconfigure(self, model: str | None = None) -> None:
+        """Ask ``policy_for`` again for every lane of ``model`` (None: of every model), whose limits changed
+        while items wait (tuned limits applied)."""
         for key, lane in self._lanes.items():
-            lane.reconfigure(self._policy_for(key), self._cap(key[0]))
+            if model is None or key[0] == model:
+                lane.reconfigure(self._policy_for(key), self._cap(key[0]))
 
     def batch_ran(
         self, batch: Batch, out_of_memory_at: int | None, largest_ok: int

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from worker.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from worker.settings import Settings
+    from worker.settings import ModelOptions, Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,12 @@ class Model:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+
+    def options(self) -> ModelOptions:
+        """This model's block of BATCHWORK_MODEL_OPTIONS (defaults when it has none)."""
+        from worker.settings import ModelOptions
+
+        return self.settings.model_options.get(self.name) or ModelOptions()
 
     @classmethod
     def validate(cls, index: int, item: object, settings: Settings) -> Any:

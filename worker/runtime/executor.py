@@ -45,6 +45,7 @@ class Executor:
         journal: Journal | None,
         clock: Callable[[], float],
         worker_name: str,
+        ran_out_of_memory: Callable[[str, int], None] = lambda model, size: None,
     ) -> None:
         self.settings = settings
         self.models = models
@@ -56,6 +57,7 @@ class Executor:
         self.journal = journal
         self.clock = clock
         self.worker_name = worker_name
+        self.ran_out_of_memory = ran_out_of_memory  # records the size that failed, off this thread
         self._stopping = False
         self._tokens_reported: dict[str, float] = {}  # model name -> when its token counts were last sent
         self._alone: dict[str, Item] = {}  # model name -> the isolated sequence running by itself
@@ -114,6 +116,8 @@ class Executor:
             changed, cap = self.scheduler.batch_ran(batch, report.out_of_memory_at, report.largest_ok)
         if changed:
             log.warning("%s: batches now hold at most %s items", batch.model, cap or "N")
+        if report.out_of_memory_at is not None:
+            self.ran_out_of_memory(batch.model, report.out_of_memory_at)
         write.record = BatchRecord(
             model=batch.model,
             lane=batch.lane[1],

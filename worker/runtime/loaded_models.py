@@ -1,13 +1,14 @@
 """The models a worker has loaded, and how each of their lanes batches.
 
 Models load on first use (or at start, ``BATCHWORK_PRELOAD``), from the prepare thread; the run thread only
-reads what is loaded. A lane's policy comes from the model's own defaults under the deployment's
-``BATCHWORK_BATCHING`` settings.
+reads what is loaded. A lane's policy comes from the model's own defaults, under the limits ``batchwork tune
+--apply`` stored, under the deployment's ``BATCHWORK_BATCHING`` settings.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -30,9 +31,10 @@ class Stepping(NamedTuple):
 
 
 class LoadedModels:
-    def __init__(self, settings: Settings, device: str) -> None:
+    def __init__(self, settings: Settings, device: str, tuned: Callable[[str], Batching]) -> None:
         self.settings = settings
         self.device = device
+        self.tuned = tuned  # a model's tuned limits on this device kind (runtime/tuned.py), in memory
         self._loaded: dict[str, Model] = {}
         self._lock = threading.Lock()
 
@@ -63,6 +65,7 @@ class LoadedModels:
             policy = ISOLATED_POLICY
         else:
             defaults = ModelKnobs(cls.max_batch_size, cls.max_wait_ms, cls.max_batch_tokens, cls.bucket_edges)
-            knobs = self.settings.batching.get(model, Batching())
+            # Precedence: explicit settings, then tuned limits, then the model's own defaults.
+            knobs = self.settings.batching.get(model, Batching()).over(self.tuned(model))
             policy = lane_policy(knobs.resolve(defaults), priority)
         return replace(policy, continuous=True) if issubclass(cls, StepModel) else policy

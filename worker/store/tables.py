@@ -1,5 +1,6 @@
 """The SQL schema of batchwork: jobs, their per-item results, the batches that produced them, the
-tokens generated per item so far, and the HTTP API's keys.
+tokens generated per item so far, the HTTP API's keys, and the batching limits tuned per model and device
+kind.
 
 Declarations only; migrations/versions must create exactly this (tests compare the two). Nothing here
 opens a connection.
@@ -164,6 +165,29 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
 
 
+class TunedLimit(Base):
+    """Batching limits `batchwork tune --apply` chose for a model on a kind of device, and the largest
+    batch that ran out of memory there (the worker's OOM backoff records it).
+
+    One row per (model, device kind); workers on that kind re-read it every BATCHWORK_TUNED_REFRESH_S.
+    ``knobs`` has BATCHWORK_BATCHING's shape for one model; explicit settings go over it.
+    """
+
+    __tablename__ = "tuned_limits"
+
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    # "cpu", or "cuda:" and the GPU's name: limits measured on one GPU model hold for its twins only.
+    device_kind: Mapped[str] = mapped_column(String(200), primary_key=True)
+    knobs: Mapped[Any] = mapped_column(JSON(none_as_null=True), nullable=True)
+    # What the choice was made for and measured at: bound, memory cap, per-lane p99 and items/s.
+    detail: Mapped[Any] = mapped_column(JSON(none_as_null=True), nullable=True)
+    tuned_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    tuned_by: Mapped[str | None] = mapped_column(String(200))
+    oom_batch_size: Mapped[int | None] = mapped_column(Integer)
+    oom_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    oom_worker: Mapped[str | None] = mapped_column(String(200))
+
+
 metadata = Base.metadata
 # The store writes with Core statements (bulk, dialect-specific ON CONFLICT), so it wants the Tables.
 jobs = cast(Table, Job.__table__)
@@ -171,3 +195,4 @@ results = cast(Table, Result.__table__)
 batches = cast(Table, Batch.__table__)
 generated_tokens = cast(Table, GeneratedTokens.__table__)
 api_keys = cast(Table, ApiKey.__table__)
+tuned_limits = cast(Table, TunedLimit.__table__)

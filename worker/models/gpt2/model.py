@@ -17,6 +17,7 @@ from worker.batching.sequences import Generation, LiveSequence, SequenceSchedule
 from worker.models.base import Finished, Prepared, StepModel
 from worker.models.gpt2.cache import PagePool
 from worker.models.gpt2.inputs import Prompt, Request, check_request, context_tokens
+from worker.models.precision import UnsupportedPrecision
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -56,6 +57,16 @@ class GPT2(StepModel):
         self._context = 0
 
     @property
+    def context_tokens(self) -> int:
+        return self._context
+
+    def kv_bytes_per_token(self) -> int:
+        """Cache bytes one token takes: keys and values of every layer (72 KiB for GPT-2 small)."""
+        keys = _loaded(self._network, "kv_bytes_per_token").pool.keys
+        layers, _pages, _page_tokens, heads, head_dim = keys.shape
+        return 2 * layers * heads * head_dim * keys.element_size()
+
+    @property
     def preemptions(self) -> int:
         """Sequences whose cache was freed to make room (each resumed later), since load."""
         return _loaded(self._scheduler, "preemptions").preemptions
@@ -75,6 +86,10 @@ class GPT2(StepModel):
         from worker.models.gpt2 import sampling as gpt2_sampling
         from worker.models.gpt2.network import GPT2Network, read_shape, read_weights
 
+        if self.options().precision != "fp32":
+            raise UnsupportedPrecision(
+                "gpt2 runs in fp32 only for now (its KV cache and kernels are float32)"
+            )
         checkpoint = checkpoint_dir(self.settings.gpt2_path)
         shape = read_shape(checkpoint)
         pool = PagePool(

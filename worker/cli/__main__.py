@@ -1,0 +1,5 @@
+"""``python -m worker.cli`` is ``batchwork``."""
+
+from worker.cli import main
+
+main()

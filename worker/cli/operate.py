@@ -1,0 +1,175 @@
+"""The commands that run and look after a deployment: ``worker``, ``api``, ``migrate``, ``keys``, ``models``
+and ``tune``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from worker.cli.base import app, console, make_client, out_console
+from worker.errors import SetupError, UsageError
+from worker.settings import get_settings
+
+
+@app.command()
+def worker(loglevel: str = "INFO", hostname: str | None = None) -> None:
+    """Run a batching worker on the configured broker and database."""
+    settings = get_settings()
+    if settings.embedded:
+        raise SetupError("no broker configured: set BATCHWORK_BROKER_URL (e.g. redis://localhost:6379/0)")
+    store = make_client(settings).store
+    store.ensure_sqlite_schema()
+    if not store.has_schema():
+        raise SetupError(f"the database {store.location()} has no batchwork schema: run `batchwork migrate`")
+    from worker.celery_app import app as celery_app
+
+    argv = ["worker", f"--loglevel={loglevel}"]
+    celery_app.worker_main(argv + ([f"--hostname={hostname}"] if hostname else []))
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the database schema (BATCHWORK_DATABASE_URL)."""
+    from worker.store.db import client_errors, shown_url
+    from worker.store.schema import migrate as run_migrations
+
+    url = get_settings().database_url
+    with client_errors(url):
+        run_migrations(url)
+    console.print(Text(f"{shown_url(url)} is at the latest schema"))
+
+
+@app.command()
+def api(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+) -> None:
+    """Serve the HTTP API and the jobs page (uvicorn) on the configured broker and database."""
+    settings = get_settings()
+    if settings.embedded:
+        raise SetupError("no broker configured: set BATCHWORK_BROKER_URL (e.g. redis://localhost:6379/0)")
+    import uvicorn
+
+    from api.app import create_app
+
+    # No access log: /metrics counts requests by route and status without a line per poll.
+    uvicorn.run(create_app(settings), host=host, port=port, access_log=False, log_level="info")
+
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys: create, list, revoke.")
+app.add_typer(keys_app, name="keys")
+
+
+@contextmanager
+def _key_store() -> Iterator[Any]:
+    """The KeyStore of BATCHWORK_DATABASE_URL; a database error ends the command in one line."""
+    from worker.store.db import client_errors
+    from worker.store.keys import KeyStore
+
+    store = make_client().store
+    store.ensure_sqlite_schema()
+    with client_errors(store.url):
+        yield KeyStore(store.engine)
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="whose jobs the key submits and sees")],
+    admin: Annotated[
+        bool, typer.Option(help="also see the jobs submitted from Python (tenant 'default')")
+    ] = False,
+) -> None:
+    """Make a key and print it once; only its hash is stored."""
+    with _key_store() as keys:
+        record, key = keys.create(tenant, admin=admin)
+    console.print(
+        Text(f"key {record.key_id} for tenant {tenant}{' (admin)' if admin else ''}; it is not shown again:")
+    )
+    print(key)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """Every key's id, tenant, role and dates (never the key)."""
+    table = Table("id", "tenant", "admin", "created", "revoked")
+    with _key_store() as keys:
+        found = keys.all()
+    for key in found:
+        revoked = f"{key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else ""
+        created = f"{key.created_at:%Y-%m-%d %H:%M}"
+        table.add_row(key.key_id, Text(key.tenant), "yes" if key.admin else "", created, revoked)
+    out_console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="the id from `batchwork keys list`")]) -> None:
+    """Revoke a key: requests with it answer 401 from now on."""
+    with _key_store() as keys:
+        revoked = keys.revoke(key_id)
+    if not revoked:
+        raise UsageError(f"no live key {key_id} (see batchwork keys list)")
+    console.print(Text(f"revoked {key_id}"))
+
+
+@app.command()
+def models() -> None:
+    """The models this deployment serves (BATCHWORK_MODELS), with their effective N, T and token budget and
+    where each comes from (setting > tuned > default) on this worker's device kind."""
+    from worker.tuning.show import models_table
+
+    for part in models_table(get_settings()):
+        out_console.print(part)
+
+
+@app.command()
+def tune(
+    model: Annotated[str, typer.Argument(help="model name or package.module:Class")],
+    max_batch_ms: Annotated[
+        float, typer.Option("--max-batch-ms", help="p99 bound on one batch's run time (normal lane)")
+    ] = 200.0,
+    memory_fraction: Annotated[
+        float, typer.Option("--memory-fraction", help="share of the device's free memory a batch may use")
+    ] = 0.9,
+    lengths: Annotated[
+        str, typer.Option("--lengths", help="'auto' or token lengths, e.g. 16,64,256")
+    ] = "auto",
+    sample: Annotated[
+        Path | None, typer.Option("--sample", help="INPUT.jsonl: lengths and precision checks")
+    ] = None,
+    precisions: Annotated[str | None, typer.Option("--precisions", help="e.g. fp32,bf16,int8")] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="store the choice for every worker")] = False,
+    from_history: Annotated[
+        bool, typer.Option("--from-history", help="fit stored batches instead of sweeping")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", "-o", help="CSV, JSON and PNG here")
+    ] = None,
+    max_n: Annotated[int, typer.Option("--max-n", help="largest batch size to try")] = 1024,
+    point_s: Annotated[float, typer.Option("--point-s", help="seconds of runs per point")] = 1.0,
+) -> None:
+    """Measure the batch curve on this device and choose N, T and the token budget per lane."""
+    from worker.tuning.command import run_command
+
+    run_command(
+        model,
+        max_batch_ms=max_batch_ms,
+        memory_fraction=memory_fraction,
+        lengths=lengths,
+        sample=sample,
+        precisions=precisions,
+        apply=apply,
+        from_history=from_history,
+        as_json=as_json,
+        output_dir=output_dir,
+        max_n=max_n,
+        point_s=point_s,
+        console=console,
+    )
