@@ -117,10 +117,11 @@ class Knobs:
         }
 
     def policy(self, priority: str) -> Any:
-        from worker.batching.policy import LaneKnobs, ModelKnobs, lane_policy
+        from worker.batching.policy import LanePolicy, lane_policy
+        from worker.settings import BatchingSettings, LaneSettings
 
-        lanes = {"bulk": LaneKnobs(max_batch_size=self.bulk_n)}
-        return lane_policy(ModelKnobs(self.model_n, self.model_t_ms, lanes=lanes), priority)
+        chosen = BatchingSettings(lanes={"bulk": LaneSettings(max_batch_size=self.bulk_n)})
+        return lane_policy(LanePolicy(self.model_n, self.model_t_ms / 1000), priority, chosen)
 
     def batch_ms(self, n: int) -> float:
         return self.base_ms + self.per_item_ms * n

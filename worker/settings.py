@@ -12,10 +12,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.batching.policy import PRIORITIES, LaneKnobs, ModelKnobs
+from worker.batching.policy import PRIORITIES
 from worker.models.registry import BUILTIN_MODELS, MAX_MODEL_NAME_CHARS
 
-__all__ = ["PRIORITIES", "Batching", "Lane", "ModelOptions", "Settings", "get_settings"]
+__all__ = ["PRIORITIES", "BatchingSettings", "LaneSettings", "ModelOptions", "Settings", "get_settings"]
 
 Precision = Literal["fp32", "bf16", "fp16", "int8"]
 
@@ -23,8 +23,9 @@ Precision = Literal["fp32", "bf16", "fp16", "int8"]
 _MODEL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 
-class Lane(BaseModel):
-    """Knobs of one priority lane of a model; unset fields keep the defaults (README, "Priority lanes")."""
+class LaneSettings(BaseModel):
+    """What a deployment sets for one priority lane of a model; unset fields keep the derived defaults
+    (README, "Priority lanes")."""
 
     max_batch_size: int | None = Field(default=None, ge=1)
     max_wait_ms: float | None = Field(default=None, ge=0)
@@ -32,8 +33,10 @@ class Lane(BaseModel):
     max_batch_tokens: int | None = Field(default=None, ge=1, description="this lane's token budget")
 
 
-class Batching(BaseModel):
-    """Batching knobs of one model; any field left unset falls back to the model's own default."""
+class BatchingSettings(BaseModel):
+    """What a deployment sets for one model's batching (BATCHWORK_BATCHING, and the shape tuned limits are
+    stored in); any field left unset falls back to the tuned limits, then to the model's own default. The
+    pure core resolves it into one LanePolicy per lane (worker/batching/policy.py)."""
 
     max_batch_size: int | None = Field(default=None, ge=1, description="N: flush at this many items")
     max_wait_ms: float | None = Field(default=None, ge=0, description="T: flush when the oldest item waited")
@@ -41,44 +44,32 @@ class Batching(BaseModel):
     bucket_edges: list[int] | None = Field(
         default=None, description="length bucket upper bounds; [] for none"
     )
-    lanes: dict[str, Lane] = Field(default_factory=dict)
+    lanes: dict[str, LaneSettings] = Field(default_factory=dict)
 
     @field_validator("lanes")
     @classmethod
-    def _known_lanes(cls, lanes: dict[str, Lane]) -> dict[str, Lane]:
+    def _known_lanes(cls, lanes: dict[str, LaneSettings]) -> dict[str, LaneSettings]:
         unknown = set(lanes) - set(PRIORITIES)
         if unknown:
             raise ValueError(f"unknown lane(s) {sorted(unknown)}; lanes are {', '.join(PRIORITIES)}")
         return lanes
 
-    def resolve(self, defaults: ModelKnobs) -> ModelKnobs:
-        """These knobs laid over a model's defaults, as the pure core takes them."""
-        return ModelKnobs(
-            max_batch_size=self.max_batch_size or defaults.max_batch_size,
-            max_wait_ms=defaults.max_wait_ms if self.max_wait_ms is None else self.max_wait_ms,
-            max_batch_tokens=self.max_batch_tokens or defaults.max_batch_tokens,
-            bucket_edges=defaults.bucket_edges
-            if self.bucket_edges is None
-            else tuple(sorted(self.bucket_edges)),
-            lanes={name: LaneKnobs(**lane.model_dump()) for name, lane in self.lanes.items()},
-        )
-
-    def over(self, tuned: Batching) -> Batching:
-        """These (explicit) knobs laid over tuned ones: each field from the first that sets it.
+    def over(self, tuned: BatchingSettings) -> BatchingSettings:
+        """These (explicit) settings laid over tuned ones: each field from the first that sets it.
 
         A tuned lane value of a field yields to the same field set for the whole model here, so an
         explicit model-level N also rules the lanes it derives (high's N/8) over tuned lane sizes.
         """
         lanes = {}
         for name in PRIORITIES:
-            mine, theirs = self.lanes.get(name, Lane()), tuned.lanes.get(name, Lane())
+            mine, theirs = self.lanes.get(name, LaneSettings()), tuned.lanes.get(name, LaneSettings())
             merged = {
                 key: value if value is not None else _unless_set(self, key, getattr(theirs, key))
                 for key, value in mine.model_dump().items()
             }
             if any(value is not None for value in merged.values()):
-                lanes[name] = Lane(**merged)
-        return Batching(
+                lanes[name] = LaneSettings(**merged)
+        return BatchingSettings(
             max_batch_size=self.max_batch_size or tuned.max_batch_size,
             max_wait_ms=tuned.max_wait_ms if self.max_wait_ms is None else self.max_wait_ms,
             max_batch_tokens=self.max_batch_tokens or tuned.max_batch_tokens,
@@ -86,14 +77,14 @@ class Batching(BaseModel):
             lanes=lanes,
         )
 
-    def source(self, tuned: Batching, name: str) -> str:
+    def source(self, tuned: BatchingSettings, name: str) -> str:
         """Which layer a model-level field (max_batch_size, max_wait_ms, ...) comes from."""
         if getattr(self, name) is not None:
             return "setting"
         return "tuned" if getattr(tuned, name) is not None else "default"
 
 
-def _unless_set(explicit: Batching, key: str, value: Any) -> Any:
+def _unless_set(explicit: BatchingSettings, key: str, value: Any) -> Any:
     return None if getattr(explicit, key, None) is not None else value
 
 
@@ -124,7 +115,7 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(default=3, ge=1)
 
     # Per-model batching, e.g. BATCHWORK_BATCHING='{"minilm": {"max_batch_size": 32, "max_wait_ms": 20}}'.
-    batching: dict[str, Batching] = Field(default_factory=dict)
+    batching: dict[str, BatchingSettings] = Field(default_factory=dict)
     # Per-model options, e.g. BATCHWORK_MODEL_OPTIONS='{"minilm": {"precision": "bf16"}}'.
     model_options: dict[str, ModelOptions] = Field(default_factory=dict)
     # How often a worker re-reads the limits `batchwork tune --apply` stored (applied without a restart).

@@ -24,7 +24,7 @@ def upgrade() -> None:
         "tuned_limits",
         sa.Column("model", sa.String(length=200), nullable=False),
         sa.Column("device_kind", sa.String(length=200), nullable=False),
-        sa.Column("knobs", sa.JSON(none_as_null=True), nullable=True),
+        sa.Column("batching", sa.JSON(none_as_null=True), nullable=True),
         sa.Column("detail", sa.JSON(none_as_null=True), nullable=True),
         sa.Column("tuned_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("tuned_by", sa.String(length=200), nullable=True),

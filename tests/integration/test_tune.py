@@ -60,7 +60,7 @@ def test_simulated_a20_b2_bound_180_applies_n_up_to_80_and_a_new_worker_runs_it(
     assert result["max_batch_size"] == max(within) and 64 <= max(within) <= 80  # 20 + 2n <= 180
     assert result["p99_batch_ms"] <= 180 and result["lanes"]["high"]["max_batch_size"] < 16
     [row] = tuned.rows(model="simulated")
-    assert row.device_kind == "cpu" and row.knobs["max_batch_size"] == result["max_batch_size"]
+    assert row.device_kind == "cpu" and row.batching["max_batch_size"] == result["max_batch_size"]
     assert row.tuned_by and row.tuned_at is not None
 
     shown = batchwork(env, "models")

@@ -7,8 +7,9 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.batching.policy import LaneKnobs, LanePolicy, ModelKnobs, lane_policy
+from worker.batching.policy import LanePolicy, lane_policy
 from worker.batching.scheduler import Item, Scheduler
+from worker.settings import BatchingSettings, LaneSettings
 
 BUCKETED = LanePolicy(max_batch_size=4, max_wait_s=0.1, max_batch_tokens=64, bucket_edges=(8, 16, 32))
 
@@ -67,19 +68,24 @@ def test_batch_counts_real_and_padded_tokens() -> None:
 
 
 def three_lanes() -> Scheduler:
-    knobs = ModelKnobs(max_batch_size=16, max_wait_ms=10)
-    return Scheduler(lambda key: lane_policy(knobs, key[1]))
+    model = LanePolicy(max_batch_size=16, max_wait_s=0.010)
+    return Scheduler(lambda key: lane_policy(model, key[1]))
 
 
 def test_default_lanes_high_small_and_fast_bulk_large_and_patient() -> None:
-    knobs = ModelKnobs(max_batch_size=64, max_wait_ms=50)
-    high, normal, bulk = (lane_policy(knobs, p) for p in ("high", "normal", "bulk"))
+    model = LanePolicy(max_batch_size=64, max_wait_s=0.050)
+    high, normal, bulk = (lane_policy(model, p) for p in ("high", "normal", "bulk"))
     assert (high.max_batch_size, high.max_wait_s) == (8, 0.005)
     assert (normal.max_batch_size, normal.max_wait_s, normal.max_delay_s) == (64, 0.05, 1.0)
     assert (bulk.max_batch_size, bulk.max_wait_s, bulk.max_delay_s) == (64, 0.2, 2.0)
     assert high.rank < normal.rank < bulk.rank
-    tuned = ModelKnobs(64, 50, lanes={"bulk": LaneKnobs(max_batch_size=256, max_delay_ms=500)})
-    assert (lane_policy(tuned, "bulk").max_batch_size, lane_policy(tuned, "bulk").max_delay_s) == (256, 0.5)
+    chosen = BatchingSettings(lanes={"bulk": LaneSettings(max_batch_size=256, max_delay_ms=500)})
+    bulk = lane_policy(model, "bulk", chosen)
+    assert (bulk.max_batch_size, bulk.max_delay_s) == (256, 0.5)
+    # A model-level choice is derived for every lane, as the model's own values are.
+    chosen = BatchingSettings(max_batch_size=32, max_wait_ms=20, max_batch_tokens=2048)
+    high = lane_policy(model, "high", chosen)
+    assert (high.max_batch_size, high.max_wait_s, high.max_batch_tokens) == (4, 0.005, 2048)
 
 
 def test_the_most_urgent_ready_lane_goes_first() -> None:
@@ -129,8 +135,8 @@ def test_lanes_of_different_models_never_mix_and_keep_their_own_settings() -> No
     ),
 )
 def test_composed_policies_place_every_item_once_within_budget_and_bucket(arrivals) -> None:
-    knobs = ModelKnobs(max_batch_size=8, max_wait_ms=10, max_batch_tokens=160, bucket_edges=(8, 16, 32, 64))
-    s = Scheduler(lambda key: lane_policy(knobs, key[1]))
+    model = LanePolicy(max_batch_size=8, max_wait_s=0.010, max_batch_tokens=160, bucket_edges=(8, 16, 32, 64))
+    s = Scheduler(lambda key: lane_policy(model, key[1]))
     now, batches = 0.0, []
     for i, (length, priority, gap) in enumerate(arrivals):
         now += gap
@@ -143,7 +149,7 @@ def test_composed_policies_place_every_item_once_within_budget_and_bucket(arriva
             batches.append(batch)
     assert sorted(it.index for b in batches for it in b.items) == list(range(len(arrivals)))
     for b in batches:
-        policy = lane_policy(knobs, b.lane[1])
+        policy = lane_policy(model, b.lane[1])
         assert len(b.items) <= policy.max_batch_size
         assert len(b.items) == 1 or b.padded_tokens <= 160
         # Items wait at most T past the moment a free runner could take them (arrival gaps <= 20 ms).

@@ -10,8 +10,8 @@ import pytest
 
 from worker.batching.policy import LanePolicy
 from worker.batching.scheduler import Item, Scheduler
-from worker.settings import Batching, Lane
-from worker.tuning.choice import as_knobs, choose, choose_lane, fill_wait_ms, knees
+from worker.settings import BatchingSettings, LaneSettings
+from worker.tuning.choice import as_batching_settings, choose, choose_lane, fill_wait_ms, knees
 from worker.tuning.curve import Point, knee, sweep_length
 from worker.tuning.history import NotEnoughHistory, arrival_per_s, fit_cost
 
@@ -112,11 +112,13 @@ def test_fill_time_at_the_arrival_rate_within_the_bound() -> None:
     assert arrival_per_s([10, 10, 10], [0.0, 1.0, 2.0]) == 10.0
 
 
-def test_knobs_have_the_settings_shape() -> None:
+def test_tuned_limits_have_the_settings_shape() -> None:
     measure, _ = linear(20, 2)
     points = sweep_length(measure, bounds_ms=[45, 180, 720], max_n=128)
-    knobs = as_knobs(choose(points, max_batch_ms=180, memory_cap_bytes=None, arrival_per_s={"normal": 500}))
-    parsed = Batching.model_validate(knobs)
+    tuned = as_batching_settings(
+        choose(points, max_batch_ms=180, memory_cap_bytes=None, arrival_per_s={"normal": 500})
+    )
+    parsed = BatchingSettings.model_validate(tuned)
     assert parsed.max_batch_size == 80 and parsed.max_wait_ms == 160.0
     assert set(parsed.lanes) == {"high", "bulk"} and parsed.lanes["bulk"].max_batch_size == 128
 
@@ -134,17 +136,20 @@ def test_the_fit_recovers_a_and_b() -> None:
 
 
 def test_explicit_settings_go_over_tuned_limits_field_by_field() -> None:
-    tuned = Batching(
-        max_batch_size=80, max_wait_ms=30, max_batch_tokens=2048, lanes={"high": Lane(max_batch_size=12)}
+    tuned = BatchingSettings(
+        max_batch_size=80,
+        max_wait_ms=30,
+        max_batch_tokens=2048,
+        lanes={"high": LaneSettings(max_batch_size=12)},
     )
-    assert Batching().over(tuned) == tuned
-    mine = Batching(max_wait_ms=5).over(tuned)
+    assert BatchingSettings().over(tuned) == tuned
+    mine = BatchingSettings(max_wait_ms=5).over(tuned)
     assert (mine.max_batch_size, mine.max_wait_ms, mine.max_batch_tokens) == (80, 5, 2048)
     # An explicit model-level N rules the lanes it derives: the tuned high N yields to it.
-    assert Batching(max_batch_size=64).over(tuned).lanes == {}
-    assert Batching().source(tuned, "max_batch_size") == "tuned"
-    assert Batching(max_batch_size=64).source(tuned, "max_batch_size") == "setting"
-    assert Batching().source(Batching(), "max_batch_size") == "default"
+    assert BatchingSettings(max_batch_size=64).over(tuned).lanes == {}
+    assert BatchingSettings().source(tuned, "max_batch_size") == "tuned"
+    assert BatchingSettings(max_batch_size=64).source(tuned, "max_batch_size") == "setting"
+    assert BatchingSettings().source(BatchingSettings(), "max_batch_size") == "default"
 
 
 def test_a_lane_takes_new_limits_with_its_waiting_items() -> None:

@@ -1,19 +1,24 @@
 """How each lane batches: N, T, token budget, length buckets, starvation bound, urgency.
 
-Pure values and the rule that derives a lane's policy from a model's knobs and a priority;
-nothing here reads settings or imports an edge of the system.
+Two shapes, one per stage: what a deployment chooses (``BATCHWORK_BATCHING``'s shape, defined with the
+settings; read here only through the ``Chosen`` protocol) and ``LanePolicy``, what a lane runs by. The rule
+that derives a lane's policy from its model's defaults, the choice and the priority lives here; nothing
+here reads settings or imports an edge of the system.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 PRIORITIES = ("high", "normal", "bulk")  # most urgent first
 
 
 @dataclass(frozen=True, slots=True)
 class LanePolicy:
+    """How one lane (a model at one priority) batches, every default and choice resolved."""
+
     max_batch_size: int  # N
     max_wait_s: float  # T, counted from the arrival of the lane's oldest waiting item
     rank: int = 0  # lower is more urgent; ties go to the lane whose oldest item waited longest
@@ -27,58 +32,73 @@ class LanePolicy:
     continuous: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class LaneKnobs:
-    """What a user may set per model and priority; None keeps the derived default."""
+class ChosenLane(Protocol):
+    """What a deployment chose for one priority lane of a model; None keeps the derived default."""
 
-    max_batch_size: int | None = None
-    max_wait_ms: float | None = None
-    max_delay_ms: float | None = None
-    max_batch_tokens: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ModelKnobs:
-    max_batch_size: int
-    max_wait_ms: float
-    max_batch_tokens: int | None = None
-    bucket_edges: tuple[int, ...] = ()
-    lanes: Mapping[str, LaneKnobs] = field(default_factory=dict)
+    @property
+    def max_batch_size(self) -> int | None: ...
+    @property
+    def max_wait_ms(self) -> float | None: ...
+    @property
+    def max_delay_ms(self) -> float | None: ...
+    @property
+    def max_batch_tokens(self) -> int | None: ...
 
 
-def default_lane(knobs: ModelKnobs, priority: str) -> LanePolicy:
-    """The defaults: high rides small, fast batches; bulk waits longer for full ones; nothing starves.
+class Chosen(Protocol):
+    """What a deployment chose for a model (settings over tuned limits); None keeps the model's default."""
 
-    high: N/8 (at least 1), T at most 5 ms. normal: the model's N and T, served ahead of bulk once its
-    oldest item waited 20 T (at least 1 s). bulk: the model's N, 4 T, ahead of all once it waited 40 T
-    (at least 2 s), so an endless stream of urgent work still leaves bulk a batch within that bound.
+    @property
+    def max_batch_size(self) -> int | None: ...
+    @property
+    def max_wait_ms(self) -> float | None: ...
+    @property
+    def max_batch_tokens(self) -> int | None: ...
+    @property
+    def bucket_edges(self) -> Sequence[int] | None: ...
+    @property
+    def lanes(self) -> Mapping[str, ChosenLane]: ...
+
+
+def lane_policy(model: LanePolicy, priority: str, chosen: Chosen | None = None) -> LanePolicy:
+    """The policy of ``model``'s lane at ``priority``: the model's own N, T, budget and buckets (``model``,
+    as its normal lane has them), under the deployment's ``chosen`` values, derived for the priority.
+
+    The derivation: high rides small, fast batches (N/8, at least 1; T at most 5 ms); normal keeps N and T
+    and goes ahead of bulk once its oldest item waited 20 T (at least 1 s); bulk keeps N, waits 4 T, and goes
+    ahead of all once it waited 40 T (at least 2 s), so an endless stream of urgent work still leaves bulk a
+    batch within that bound. Values chosen for the lane itself replace the derived ones.
     """
-    base = LanePolicy(
-        max_batch_size=knobs.max_batch_size,
-        max_wait_s=knobs.max_wait_ms / 1000,
-        rank=PRIORITIES.index(priority),
-        max_batch_tokens=knobs.max_batch_tokens,
-        bucket_edges=knobs.bucket_edges,
+    base = model if chosen is None else _chosen_for_model(model, chosen)
+    policy = _derived(replace(base, rank=PRIORITIES.index(priority)), priority)
+    lane = None if chosen is None else chosen.lanes.get(priority)
+    if lane is None:
+        return policy
+    return replace(
+        policy,
+        max_batch_size=lane.max_batch_size or policy.max_batch_size,
+        max_wait_s=policy.max_wait_s if lane.max_wait_ms is None else lane.max_wait_ms / 1000,
+        max_delay_s=policy.max_delay_s if lane.max_delay_ms is None else lane.max_delay_ms / 1000,
+        max_batch_tokens=lane.max_batch_tokens or policy.max_batch_tokens,
     )
+
+
+def _chosen_for_model(model: LanePolicy, chosen: Chosen) -> LanePolicy:
+    return replace(
+        model,
+        max_batch_size=chosen.max_batch_size or model.max_batch_size,
+        max_wait_s=model.max_wait_s if chosen.max_wait_ms is None else chosen.max_wait_ms / 1000,
+        max_batch_tokens=chosen.max_batch_tokens or model.max_batch_tokens,
+        bucket_edges=model.bucket_edges
+        if chosen.bucket_edges is None
+        else tuple(sorted(chosen.bucket_edges)),
+    )
+
+
+def _derived(base: LanePolicy, priority: str) -> LanePolicy:
     t = base.max_wait_s
     if priority == "high":
-        return replace(base, max_batch_size=max(1, knobs.max_batch_size // 8), max_wait_s=min(t, 0.005))
+        return replace(base, max_batch_size=max(1, base.max_batch_size // 8), max_wait_s=min(t, 0.005))
     if priority == "normal":
         return replace(base, max_delay_s=max(20 * t, 1.0))
     return replace(base, max_wait_s=4 * t, max_delay_s=max(40 * t, 2.0))
-
-
-def lane_policy(knobs: ModelKnobs, priority: str) -> LanePolicy:
-    policy = default_lane(knobs, priority)
-    lane = knobs.lanes.get(priority)
-    if lane is None:
-        return policy
-    if lane.max_batch_size is not None:
-        policy = replace(policy, max_batch_size=lane.max_batch_size)
-    if lane.max_wait_ms is not None:
-        policy = replace(policy, max_wait_s=lane.max_wait_ms / 1000)
-    if lane.max_delay_ms is not None:
-        policy = replace(policy, max_delay_s=lane.max_delay_ms / 1000)
-    if lane.max_batch_tokens is not None:
-        policy = replace(policy, max_batch_tokens=lane.max_batch_tokens)
-    return policy

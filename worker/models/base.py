@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from worker.batching.policy import LanePolicy
 from worker.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -43,6 +44,16 @@ class Model:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+
+    @classmethod
+    def default_policy(cls) -> LanePolicy:
+        """This model's own N, T, token budget and buckets, as its normal lane has them before any setting."""
+        return LanePolicy(
+            cls.max_batch_size,
+            cls.max_wait_ms / 1000,
+            max_batch_tokens=cls.max_batch_tokens,
+            bucket_edges=cls.bucket_edges,
+        )
 
     def options(self) -> ModelOptions:
         """This model's block of BATCHWORK_MODEL_OPTIONS (defaults when it has none)."""

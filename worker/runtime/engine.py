@@ -60,7 +60,7 @@ class Engine:
             worker_name,
             self._retune,
         )
-        self.models = LoadedModels(settings, device, self.tuned.knobs)
+        self.models = LoadedModels(settings, device, self.tuned.limits)
         self.scheduler = Scheduler(self.models.policy_for)
         self.storer = Storer(store, outbox, self.holdings, journal)
         self.cancels = CancelWatch(store, self.holdings)

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import NamedTuple
 
-from worker.batching.policy import LanePolicy, ModelKnobs, lane_policy
+from worker.batching.policy import LanePolicy, lane_policy
 from worker.batching.scheduler import LaneKey
 from worker.models.base import Model, StepModel
 from worker.models.registry import model_class
-from worker.settings import Batching, Settings
+from worker.settings import BatchingSettings, Settings
 
 # The lane of items that were running when a worker died: each batch holds one of them, ahead of all else.
 ISOLATED = "isolated"
@@ -31,7 +31,7 @@ class Stepping(NamedTuple):
 
 
 class LoadedModels:
-    def __init__(self, settings: Settings, device: str, tuned: Callable[[str], Batching]) -> None:
+    def __init__(self, settings: Settings, device: str, tuned: Callable[[str], BatchingSettings]) -> None:
         self.settings = settings
         self.device = device
         self.tuned = tuned  # a model's tuned limits on this device kind (runtime/tuned.py), in memory
@@ -64,8 +64,7 @@ class LoadedModels:
         if priority == ISOLATED:
             policy = ISOLATED_POLICY
         else:
-            defaults = ModelKnobs(cls.max_batch_size, cls.max_wait_ms, cls.max_batch_tokens, cls.bucket_edges)
             # Precedence: explicit settings, then tuned limits, then the model's own defaults.
-            knobs = self.settings.batching.get(model, Batching()).over(self.tuned(model))
-            policy = lane_policy(knobs.resolve(defaults), priority)
+            chosen = self.settings.batching.get(model, BatchingSettings()).over(self.tuned(model))
+            policy = lane_policy(cls.default_policy(), priority, chosen)
         return replace(policy, continuous=True) if issubclass(cls, StepModel) else policy

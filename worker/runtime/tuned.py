@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from worker.settings import Batching
+from worker.settings import BatchingSettings
 from worker.store.tuned import TunedLimits
 
 log = logging.getLogger(__name__)
 
-NONE = Batching()
+NONE = BatchingSettings()
 
 
 class TunedLimitsWatcher:
@@ -36,11 +36,11 @@ class TunedLimitsWatcher:
         self.refresh_s = refresh_s
         self.worker_name = worker_name
         self.on_change = on_change
-        self._snapshot: dict[str, Batching] = {}
+        self._snapshot: dict[str, BatchingSettings] = {}
         self._out_of_memory: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="batchwork-tuned", daemon=True)
 
-    def knobs(self, model: str) -> Batching:
+    def limits(self, model: str) -> BatchingSettings:
         """The tuned limits of ``model`` on this device kind (empty when none were applied)."""
         return self._snapshot.get(model, NONE)
 
@@ -80,12 +80,12 @@ class TunedLimitsWatcher:
         except Exception as exc:  # a database outage keeps the limits the worker has
             log.warning("could not read tuned limits: %s", exc)
             return
-        fresh: dict[str, Batching] = {}
+        fresh: dict[str, BatchingSettings] = {}
         for row in rows:
-            if not row.knobs:
+            if not row.batching:
                 continue
             try:
-                fresh[row.model] = Batching.model_validate(row.knobs)
+                fresh[row.model] = BatchingSettings.model_validate(row.batching)
             except ValidationError as exc:
                 log.warning("ignoring the tuned limits of %s: %s", row.model, exc)
         changed = {m for m in fresh.keys() | self._snapshot.keys() if fresh.get(m) != self._snapshot.get(m)}

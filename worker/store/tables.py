@@ -170,7 +170,7 @@ class TunedLimit(Base):
     batch that ran out of memory there (the worker's OOM backoff records it).
 
     One row per (model, device kind); workers on that kind re-read it every BATCHWORK_TUNED_REFRESH_S.
-    ``knobs`` has BATCHWORK_BATCHING's shape for one model; explicit settings go over it.
+    ``batching`` has BATCHWORK_BATCHING's shape for one model; explicit settings go over it.
     """
 
     __tablename__ = "tuned_limits"
@@ -178,7 +178,7 @@ class TunedLimit(Base):
     model: Mapped[str] = mapped_column(String(200), primary_key=True)
     # "cpu", or "cuda:" and the GPU's name: limits measured on one GPU model hold for its twins only.
     device_kind: Mapped[str] = mapped_column(String(200), primary_key=True)
-    knobs: Mapped[Any] = mapped_column(JSON(none_as_null=True), nullable=True)
+    batching: Mapped[Any] = mapped_column(JSON(none_as_null=True), nullable=True)
     # What the choice was made for and measured at: bound, memory cap, per-lane p99 and items/s.
     detail: Mapped[Any] = mapped_column(JSON(none_as_null=True), nullable=True)
     tuned_at: Mapped[datetime | None] = mapped_column(UtcDateTime())

@@ -21,7 +21,7 @@ from worker.store.db import make_engine
 class TunedRow:
     model: str
     device_kind: str
-    knobs: dict[str, Any] | None
+    batching: dict[str, Any] | None
     detail: dict[str, Any] | None
     tuned_at: datetime | None
     tuned_by: str | None
@@ -56,10 +56,10 @@ class TunedLimits:
         self.engine.dispose()
 
     def apply(
-        self, model: str, device_kind: str, knobs: dict[str, Any], detail: dict[str, Any], by: str
+        self, model: str, device_kind: str, batching: dict[str, Any], detail: dict[str, Any], by: str
     ) -> None:
         """Store a recommendation; the out-of-memory record of the row, if any, stays."""
-        values = {"knobs": knobs, "detail": detail, "tuned_at": _utcnow(), "tuned_by": by}
+        values = {"batching": batching, "detail": detail, "tuned_at": _utcnow(), "tuned_by": by}
         self._upsert(model, device_kind, values)
 
     def record_out_of_memory(self, model: str, device_kind: str, size: int, worker: str) -> None:

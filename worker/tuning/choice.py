@@ -169,12 +169,12 @@ def choose(
     }
 
 
-def as_knobs(lanes: Mapping[str, LaneChoice]) -> dict[str, object]:
+def as_batching_settings(lanes: Mapping[str, LaneChoice]) -> dict[str, object]:
     """The choice in BATCHWORK_BATCHING's shape: normal's limits for the model, the others per lane."""
     normal = lanes["normal"]
-    knobs: dict[str, object] = _limits(normal)
-    knobs["lanes"] = {name: _limits(choice) for name, choice in lanes.items() if name != "normal"}
-    return knobs
+    settings: dict[str, object] = _limits(normal)
+    settings["lanes"] = {name: _limits(choice) for name, choice in lanes.items() if name != "normal"}
+    return settings
 
 
 def _limits(choice: LaneChoice) -> dict[str, object]:

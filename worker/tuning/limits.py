@@ -2,7 +2,7 @@
 then the limits `batchwork tune --apply` stored for this device kind, then the model's own defaults.
 
 Used by ``batchwork models`` and ``tune --from-history``; the worker's engine lays the layers the same way
-(Batching.over). Reading the table never creates a database.
+(BatchingSettings.over). Reading the table never creates a database.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from worker.batching.policy import LanePolicy, ModelKnobs, lane_policy
+from worker.batching.policy import LanePolicy, lane_policy
 from worker.models.base import Model
-from worker.settings import PRIORITIES, Batching, Settings
+from worker.settings import PRIORITIES, BatchingSettings, Settings
 from worker.store.tuned import TunedLimits, TunedRow
 
 FIELDS = ("max_batch_size", "max_wait_ms", "max_batch_tokens")
@@ -40,17 +40,17 @@ class Effective:
         return f"N {largest} >= {row.oom_batch_size}, a batch size that ran out of memory on {row.oom_worker}"
 
 
-def defaults_of(cls: type[Model]) -> ModelKnobs:
-    return ModelKnobs(cls.max_batch_size, cls.max_wait_ms, cls.max_batch_tokens, cls.bucket_edges)
-
-
 def effective(name: str, cls: type[Model], settings: Settings, tuned: TunedRow | None) -> Effective:
-    explicit = settings.batching.get(name, Batching())
-    tuned_knobs = Batching.model_validate(tuned.knobs) if tuned is not None and tuned.knobs else Batching()
-    knobs = explicit.over(tuned_knobs).resolve(defaults_of(cls))
+    explicit = settings.batching.get(name, BatchingSettings())
+    tuned_settings = (
+        BatchingSettings.model_validate(tuned.batching)
+        if tuned is not None and tuned.batching
+        else BatchingSettings()
+    )
+    chosen = explicit.over(tuned_settings)
     return Effective(
-        {lane: lane_policy(knobs, lane) for lane in PRIORITIES},
-        {field: explicit.source(tuned_knobs, field) for field in FIELDS},
+        {lane: lane_policy(cls.default_policy(), lane, chosen) for lane in PRIORITIES},
+        {field: explicit.source(tuned_settings, field) for field in FIELDS},
         tuned,
     )
 

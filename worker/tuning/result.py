@@ -13,10 +13,10 @@ from typing import Any
 from worker.batching.policy import lane_policy
 from worker.models.base import Model
 from worker.settings import PRIORITIES, Settings
-from worker.tuning.choice import LaneChoice, as_knobs, knees
+from worker.tuning.choice import LaneChoice, as_batching_settings, knees
 from worker.tuning.curve import Point
 from worker.tuning.history import arrival_per_s
-from worker.tuning.limits import defaults_of, read_tuned
+from worker.tuning.limits import read_tuned
 from worker.tuning.request import TuneError, TuneRequest
 
 ARRIVAL_WINDOW = timedelta(hours=1)  # the history the fill time T is read from
@@ -94,7 +94,7 @@ def build_result(
 
 
 def lane_row(choice: LaneChoice, cls: type[Model]) -> dict[str, Any]:
-    default_wait_ms = lane_policy(defaults_of(cls), choice.lane).max_wait_s * 1000
+    default_wait_ms = lane_policy(cls.default_policy(), choice.lane).max_wait_s * 1000
     return {
         "bound_ms": choice.bound_ms,
         "max_batch_size": choice.max_batch_size,
@@ -121,7 +121,9 @@ def apply_choice(
     store = TunedLimits.from_url(settings.database_url)
     detail = {key: result[key] for key in ("max_batch_ms", "precision", "memory_cap_bytes", "lanes", "knee")}
     try:
-        store.apply(model, kind, as_knobs(lanes), detail, f"{getpass.getuser()}@{socket.gethostname()}")
+        store.apply(
+            model, kind, as_batching_settings(lanes), detail, f"{getpass.getuser()}@{socket.gethostname()}"
+        )
     except Exception as exc:
         raise TuneError(
             f"--apply: could not store the limits ({type(exc).__name__}: {exc}); run `batchwork migrate`?"
