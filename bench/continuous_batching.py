@@ -177,7 +177,7 @@ def load_engine(checkpoint: Path, max_batch: int, device: str) -> GPT2:
     class Engine(GPT2):
         max_running = max_batch  # a class setting, read by load when it sizes the SequenceScheduler
 
-    engine = Engine(Settings(gpt2_path=str(checkpoint), gpt2_kv_budget_tokens=budget))
+    engine = Engine(Settings(model_options={"gpt2": {"path": str(checkpoint), "kv_budget_tokens": budget}}))
     engine.load(device)
     return engine
 

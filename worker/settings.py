@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.batching.policy import PRIORITIES
-from worker.models.registry import BUILTIN_MODELS, MAX_MODEL_NAME_CHARS
+from worker.models.registry import BUILTIN_MODELS, MAX_MODEL_NAME_CHARS, builtin_model_class
 
-__all__ = ["PRIORITIES", "BatchingSettings", "LaneSettings", "ModelOptions", "Settings", "get_settings"]
-
-Precision = Literal["fp32", "bf16", "fp16", "int8"]
+__all__ = ["PRIORITIES", "BatchingSettings", "LaneSettings", "Settings", "get_settings"]
 
 # A model is a built-in name or an import path: dotted module, one colon, a class name.
 _MODEL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
@@ -88,16 +86,6 @@ def _unless_set(explicit: BatchingSettings, key: str, value: Any) -> Any:
     return None if getattr(explicit, key, None) is not None else value
 
 
-class ModelOptions(BaseModel):
-    """One model's options (BATCHWORK_MODEL_OPTIONS); a model reads its own block."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    # fp32 is the reference; bf16/fp16 cast the weights (fp16 on CUDA only), int8 is torch's dynamic
-    # quantization of Linear layers (CPU only).
-    precision: Precision = "fp32"
-
-
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATCHWORK_", env_nested_delimiter="__", extra="ignore")
 
@@ -116,8 +104,10 @@ class Settings(BaseSettings):
 
     # Per-model batching, e.g. BATCHWORK_BATCHING='{"minilm": {"max_batch_size": 32, "max_wait_ms": 20}}'.
     batching: dict[str, BatchingSettings] = Field(default_factory=dict)
-    # Per-model options, e.g. BATCHWORK_MODEL_OPTIONS='{"minilm": {"precision": "bf16"}}'.
-    model_options: dict[str, ModelOptions] = Field(default_factory=dict)
+    # Per-model options, each model's own (its Options class), e.g.
+    # BATCHWORK_MODEL_OPTIONS='{"minilm": {"precision": "bf16"}, "gpt2": {"path": "/models/gpt2"}}'.
+    # A built-in model's block is checked here; a model of your own checks its block when it loads.
+    model_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     # How often a worker re-reads the limits `batchwork tune --apply` stored (applied without a restart).
     tuned_refresh_s: float = Field(default=30.0, gt=0)
 
@@ -161,14 +151,13 @@ class Settings(BaseSettings):
     simulated_base_ms: float = Field(default=20.0, ge=0, description="simulated model: a in a + b*n")
     simulated_per_item_ms: float = Field(default=1.0, ge=0, description="simulated model: b in a + b*n")
 
-    # A local Hugging Face GPT-2-format checkpoint directory (config.json, model.safetensors or
-    # pytorch_model.bin, tokenizer files); never downloaded. Its KV cache holds this many tokens across all
-    # running sequences (pages of 16; n_layer * 2 * n_embd numbers per token, 72 KiB for GPT-2 small in
-    # float32); past it the newest sequences are preempted and later resume.
-    gpt2_path: str | None = None
-    gpt2_kv_budget_tokens: int = Field(
-        default=16_384, ge=16, description="gpt2: KV-cache tokens, all sequences"
-    )
+    @field_validator("model_options")
+    @classmethod
+    def _builtin_model_options(cls, options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, block in options.items():
+            if name in BUILTIN_MODELS:
+                builtin_model_class(name).options_from(block)
+        return options
 
     @field_validator("models")
     @classmethod

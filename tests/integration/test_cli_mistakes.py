@@ -157,7 +157,7 @@ def test_a_model_that_fails_to_load_fails_its_job_with_the_reason(tmp_path: Path
     assert "failed: 0 done, 5 failed" in done.stderr
     assert "5 × model 'gpt2' failed to load: RuntimeError: the gpt2 model has no checkpoint" in done.stderr
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert len(lines) == 5 and all("BATCHWORK_GPT2_PATH" in line["error"] for line in lines)
+    assert len(lines) == 5 and all("BATCHWORK_MODEL_OPTIONS" in line["error"] for line in lines)
 
 
 def test_run_and_status_show_the_most_common_errors(tmp_path: Path) -> None:

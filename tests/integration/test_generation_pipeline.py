@@ -32,7 +32,10 @@ def test_generation_through_the_pipeline_equals_greedy_generate(
     store = pg_store
     items = [{"prompt": prompt, "max_new_tokens": n} for prompt, n, _ in CASES]
     env = service_env(
-        redis_url, pg_url, gpt2_path=str(tiny_gpt2_eos), gpt2_kv_budget_tokens="160", preload=["gpt2"]
+        redis_url,
+        pg_url,
+        model_options={"gpt2": {"path": str(tiny_gpt2_eos), "kv_budget_tokens": 160}},
+        preload=["gpt2"],
     )
     with workers(env):
         first = produce(env, [{"via": "submit", "model": "gpt2", "inputs": items[:4]}])

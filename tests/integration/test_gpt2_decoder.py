@@ -48,7 +48,8 @@ class FourSlots(GPT2):
 
 
 def engine(checkpoint: Path, cls: type[GPT2] = GPT2, kv_budget_tokens: int = 16_384) -> GPT2:
-    model = cls(Settings(gpt2_path=str(checkpoint), gpt2_kv_budget_tokens=kv_budget_tokens))
+    options = {"path": str(checkpoint), "kv_budget_tokens": kv_budget_tokens}
+    model = cls(Settings(model_options={"gpt2": options}))
     model.load(DEVICE)
     return model
 
@@ -223,5 +224,5 @@ def test_pytorch_model_bin_loads_the_same(tiny_gpt2: Path, tmp_path: Path) -> No
 
 @pytest.mark.parametrize("path", [None, "/no/such/checkpoint"])
 def test_a_missing_checkpoint_names_the_setting(path: str | None) -> None:
-    with pytest.raises((RuntimeError, FileNotFoundError), match="BATCHWORK_GPT2_PATH"):
-        GPT2(Settings(gpt2_path=path)).load("cpu")
+    with pytest.raises((RuntimeError, FileNotFoundError), match="BATCHWORK_MODEL_OPTIONS"):
+        GPT2(Settings(model_options={"gpt2": {"path": path}})).load("cpu")

@@ -20,7 +20,7 @@ from worker.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_CHARS = 100
-SETTINGS = Settings(max_input_chars=MAX_CHARS, gpt2_path=None)
+SETTINGS = Settings(max_input_chars=MAX_CHARS)
 OK = {"prompt": "Hello", "max_new_tokens": 5}
 
 
@@ -75,7 +75,7 @@ def test_valid_inputs_pass(item: object) -> None:
 
 def test_max_new_tokens_is_bounded_by_the_checkpoint_context(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"n_positions": 128}))
-    settings = Settings(max_input_chars=MAX_CHARS, gpt2_path=str(tmp_path))
+    settings = Settings(max_input_chars=MAX_CHARS, model_options={"gpt2": {"path": str(tmp_path)}})
     GPT2.validate(0, {**OK, "max_new_tokens": 128}, settings)
     with pytest.raises(InvalidInput, match="'max_new_tokens' is 129, over the model's context of 128 tokens"):
         GPT2.validate(0, {**OK, "max_new_tokens": 129}, settings)

@@ -61,4 +61,6 @@ def _settings_error(exc: ValidationError | SettingsError) -> str:
     name = f"BATCHWORK_{setting.upper()}" + (f" ({'.'.join(path)})" if path else "")
     if first["type"] == "extra_forbidden":
         return f"bad setting {name}: unknown option"
+    if first["type"] == "value_error":  # our own check's message, whole: it names what is wrong
+        return f"bad setting {name}: {first['msg'].removeprefix('Value error, ')}"
     return f"bad setting {name}: {first['msg']} (got {str(first.get('input'))[:80]!r})"

@@ -7,15 +7,30 @@ Importing a model module must not import torch: producers and the API validate i
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from worker.batching.policy import LanePolicy
 from worker.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from worker.settings import ModelOptions, Settings
+    from worker.settings import Settings
+
+
+Precision = Literal["fp32", "bf16", "fp16", "int8"]
+
+
+class ModelOptions(BaseModel):
+    """One model's options (its block of BATCHWORK_MODEL_OPTIONS); every model has ``precision``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # fp32 is the reference; bf16/fp16 cast the weights (fp16 on CUDA only), int8 is torch's dynamic
+    # quantization of Linear layers (CPU only).
+    precision: Precision = "fp32"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +50,8 @@ class Model:
     """
 
     name: ClassVar[str]
+    # The shape of this model's BATCHWORK_MODEL_OPTIONS block; a model with options of its own subclasses it.
+    Options: ClassVar[type[ModelOptions]] = ModelOptions
     max_batch_size: ClassVar[int] = 64
     max_wait_ms: ClassVar[float] = 50.0
     # For models whose items have a length in tokens: the padded-token cap of a batch and the length
@@ -55,11 +72,21 @@ class Model:
             bucket_edges=cls.bucket_edges,
         )
 
-    def options(self) -> ModelOptions:
-        """This model's block of BATCHWORK_MODEL_OPTIONS (defaults when it has none)."""
-        from worker.settings import ModelOptions
+    @classmethod
+    def options_from(cls, block: Mapping[str, Any]) -> ModelOptions:
+        """A block of BATCHWORK_MODEL_OPTIONS checked as this model's Options; ValueError (one line) if
+        it does not fit."""
+        try:
+            return cls.Options.model_validate(block)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "options"
+            problem = "unknown option" if first["type"] == "extra_forbidden" else first["msg"]
+            raise ValueError(f"{cls.name}: {where}: {problem}") from None
 
-        return self.settings.model_options.get(self.name) or ModelOptions()
+    def options(self) -> ModelOptions:
+        """This model's block of BATCHWORK_MODEL_OPTIONS (defaults where it has none)."""
+        return self.options_from(self.settings.model_options.get(self.name, {}))
 
     @classmethod
     def validate(cls, index: int, item: object, settings: Settings) -> Any:

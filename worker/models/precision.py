@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, get_args
 
-from worker.settings import Precision
+from worker.models.base import Precision
 
 if TYPE_CHECKING:
     import torch

@@ -50,6 +50,11 @@ def model_class(name: object, settings: Settings) -> type[Model]:
     return _import_model(BUILTIN_MODELS.get(name, name))
 
 
+def builtin_model_class(name: str) -> type[Model]:
+    """The class of a built-in model (settings check their option blocks with it; no weights load)."""
+    return _import_model(BUILTIN_MODELS[name])
+
+
 def served_models(settings: Settings) -> list[ModelDescription | UnknownModel]:
     """One row per served model, for ``batchwork models``; a model that cannot be imported is its error."""
     rows: list[ModelDescription | UnknownModel] = []

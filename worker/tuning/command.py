@@ -15,11 +15,11 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from worker.models.base import InvalidInput, Model, StepModel
 from worker.models.precision import UnsupportedPrecision
-from worker.settings import ModelOptions, Settings
+from worker.settings import Settings
 from worker.tuning import report
 from worker.tuning.choice import choose, lane_bounds
 from worker.tuning.curve import Point, sweep_length
-from worker.tuning.measure import Bench, Pacing, free_memory_bytes, prepared_lengths
+from worker.tuning.measure import Bench, Pacing, free_memory_bytes, prepared_lengths, with_precision
 from worker.tuning.request import TuneError, TuneRequest, check_request, parse_lengths, parse_precisions
 from worker.tuning.result import apply_choice, build_result, read_history
 
@@ -39,7 +39,7 @@ def tune(request: TuneRequest, settings: Settings, console: Console) -> tuple[di
         return tune_steps(request, cls, settings, console)
     device = resolve_device(settings.device)
     kind = device_kind(device)
-    configured = settings.model_options.get(request.model, ModelOptions()).precision
+    configured = cls.options_from(settings.model_options.get(cls.name, {})).precision
     precisions = request.precisions or (configured,)
     sample = _sample_items(request, settings)
     loaded = [_load(cls, settings, p, device) for p in precisions]
@@ -69,8 +69,7 @@ def tune(request: TuneRequest, settings: Settings, console: Console) -> tuple[di
 
 
 def _load(cls: type[Model], settings: Settings, precision: str, device: str) -> Model | UnsupportedPrecision:
-    options = {**settings.model_options, cls.name: ModelOptions(precision=precision)}  # type: ignore[arg-type]
-    model = cls(settings.model_copy(update={"model_options": options}))
+    model = cls(with_precision(settings, cls, precision))
     try:
         model.load(device)
     except UnsupportedPrecision as exc:

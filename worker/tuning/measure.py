@@ -16,6 +16,7 @@ from typing import Any
 
 from worker.models.base import Model
 from worker.runtime.runner import is_out_of_memory
+from worker.settings import Settings
 from worker.tuning.curve import Point, oom_point, point_from_runs
 
 # Words that are one token each in BERT's and GPT-2's vocabularies, so a text of k of them is about k tokens.
@@ -159,3 +160,9 @@ def _status_kib(field: str) -> int:
         if line.startswith(f"{field}:"):
             return int(line.split()[1])
     return 0
+
+
+def with_precision(settings: Settings, cls: type[Model], precision: str) -> Settings:
+    """The settings with ``cls``'s options block set to ``precision`` (its other options kept)."""
+    block = {**settings.model_options.get(cls.name, {}), "precision": precision}
+    return settings.model_copy(update={"model_options": {**settings.model_options, cls.name: block}})

@@ -11,10 +11,10 @@ import numpy as np
 
 from worker.models.base import Model
 from worker.models.precision import UnsupportedPrecision
-from worker.settings import ModelOptions, Settings
+from worker.settings import Settings
 from worker.tuning.choice import choose
 from worker.tuning.curve import Point
-from worker.tuning.measure import WORDS
+from worker.tuning.measure import WORDS, with_precision
 
 COMPARE_BATCH = 16
 SYNTHETIC_TEXTS = 64
@@ -57,8 +57,7 @@ def compare(
 
 
 def _fp32(cls: type[Model], settings: Settings, device: str) -> Model:
-    options = {**settings.model_options, cls.name: ModelOptions(precision="fp32")}
-    model = cls(settings.model_copy(update={"model_options": options}))
+    model = cls(with_precision(settings, cls, "fp32"))
     model.load(device)
     return model
 

@@ -102,7 +102,11 @@ def tune_steps(
     new_tokens = request.pacing.max_runs + 4
     lengths = list(request.lengths or AUTO_PROMPT_LENGTHS)
     budget = _pages(request.max_n * (max(lengths) + new_tokens) + PAGE_TOKENS * request.max_n)
-    model = cls(settings.model_copy(update={"gpt2_kv_budget_tokens": budget}))
+    options = {
+        **settings.model_options,
+        request.model: {**settings.model_options.get(request.model, {}), "kv_budget_tokens": budget},
+    }
+    model = cls(settings.model_copy(update={"model_options": options}))
     model.max_running = request.max_n  # type: ignore[misc]  # the sweep may go past the served default
     model.load(device)
     context = getattr(model, "context_tokens", None)

@@ -1,7 +1,8 @@
 """GPT-2-architecture text generation, continuously batched: sequences join, gain a token a step, and leave.
 
 It must never import torch or transformers at module import (only ``load`` does), never reach a model hub
-(everything comes from the BATCHWORK_GPT2_PATH directory), and never fail a sequence for lack of KV cache:
+(everything comes from the directory its ``path`` option names), and never fail a sequence for lack of KV
+cache:
 the newest running sequences are preempted and later resume by recomputing their cache.
 """
 
@@ -13,8 +14,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from pydantic import Field
+
 from worker.batching.sequences import Generation, LiveSequence, SequenceScheduler, pages_for
-from worker.models.base import Finished, Prepared, StepModel
+from worker.models.base import Finished, ModelOptions, Prepared, StepModel
 from worker.models.gpt2.cache import PagePool
 from worker.models.gpt2.inputs import Prompt, Request, check_request, context_tokens
 from worker.models.precision import UnsupportedPrecision
@@ -32,15 +35,26 @@ PAGE_TOKENS = 16
 PREFILL_GROUP_TOKENS = 8192
 T = TypeVar("T")
 SETUP = (
-    "set BATCHWORK_GPT2_PATH to a local Hugging Face GPT-2-format directory "
-    "(config.json, model.safetensors or pytorch_model.bin, tokenizer files)"
+    'set BATCHWORK_MODEL_OPTIONS=\'{"gpt2": {"path": "/models/gpt2"}}\' to a local Hugging Face GPT-2-format '
+    "directory (config.json, model.safetensors or pytorch_model.bin, tokenizer files)"
 )
+
+
+class GPT2Options(ModelOptions):
+    """gpt2's block of BATCHWORK_MODEL_OPTIONS."""
+
+    # A local GPT-2-format checkpoint directory; never downloaded.
+    path: str | None = None
+    # KV-cache tokens shared by all running sequences (pages of 16; n_layer * 2 * n_embd numbers a token,
+    # 72 KiB for GPT-2 small in float32); past it the newest sequences are preempted and later resume.
+    kv_budget_tokens: int = Field(default=16_384, ge=16)
 
 
 class GPT2(StepModel):
     """GPT-2 text generation (greedy or seeded sampling), continuously batched over a paged KV cache."""
 
     name = "gpt2"
+    Options = GPT2Options
     max_running = 32
     max_batch_size = 32
 
@@ -76,10 +90,11 @@ class GPT2(StepModel):
     @classmethod
     def validate(cls, index: int, item: object, settings: Settings) -> Request:
         # The caller's settings bound max_new_tokens by the real context when they name a checkpoint.
-        return check_request(index, item, settings.max_input_chars, context_tokens(settings.gpt2_path))
+        path = cast(GPT2Options, cls.options_from(settings.model_options.get(cls.name, {}))).path
+        return check_request(index, item, settings.max_input_chars, context_tokens(path))
 
     def load(self, device: str) -> None:
-        """Read the checkpoint BATCHWORK_GPT2_PATH names onto ``device``, in float32 however it was saved."""
+        """Read the checkpoint the ``path`` option names onto ``device``, in float32 however it was saved."""
         import torch
         from transformers import AutoTokenizer
 
@@ -90,13 +105,14 @@ class GPT2(StepModel):
             raise UnsupportedPrecision(
                 "gpt2 runs in fp32 only for now (its KV cache and kernels are float32)"
             )
-        checkpoint = checkpoint_dir(self.settings.gpt2_path)
+        options = cast(GPT2Options, self.options())
+        checkpoint = checkpoint_dir(options.path)
         shape = read_shape(checkpoint)
         pool = PagePool(
             layers=shape.layers,
             heads=shape.heads,
             head_dim=shape.head_dim,
-            pages=self.settings.gpt2_kv_budget_tokens // PAGE_TOKENS,
+            pages=options.kv_budget_tokens // PAGE_TOKENS,
             page_tokens=PAGE_TOKENS,
             dtype=torch.float32,
             device=device,
@@ -131,7 +147,7 @@ class GPT2(StepModel):
             return f"{need}, over the model's context of {self._context} tokens"
         budget = _loaded(self._network, "prepare").pool.pages * PAGE_TOKENS
         if pages_for(total, PAGE_TOKENS) * PAGE_TOKENS > budget:
-            return f"{need}, over the KV-cache budget of {budget} (BATCHWORK_GPT2_KV_BUDGET_TOKENS)"
+            return f"{need}, over the KV-cache budget of {budget} (gpt2's kv_budget_tokens option)"
         return None
 
     # -- stepping (the engine's one model thread) --------------------------------------------
@@ -233,12 +249,12 @@ class GPT2(StepModel):
 
 
 def checkpoint_dir(setting: str | None) -> Path:
-    """The checkpoint directory BATCHWORK_GPT2_PATH names, or an error saying how to set it."""
+    """The checkpoint directory gpt2's ``path`` option names, or an error saying how to set it."""
     if not setting:
         raise RuntimeError(f"the gpt2 model has no checkpoint: {SETUP}")
     path = Path(setting).expanduser()
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"BATCHWORK_GPT2_PATH={setting!r} has no config.json: {SETUP}")
+        raise FileNotFoundError(f"gpt2's path {setting!r} has no config.json: {SETUP}")
     return path
 
 
