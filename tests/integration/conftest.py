@@ -131,3 +131,21 @@ def store(db_url: str) -> Iterator[ResultStore]:
     store = ResultStore.from_url(db_url)
     yield store
     store.close()
+
+
+@pytest.fixture
+def producer(
+    redis_url: str, pg_url: str, pg_store: ResultStore, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, str]]:
+    """This test's process as a producer on the test's Redis and migrated PostgreSQL schema (its settings
+    from the environment, read afresh); the env a worker of the same deployment takes."""
+    from tests.integration.processes import service_env
+    from worker.settings import get_settings
+
+    env = service_env(redis_url, pg_url, simulated_base_ms="300", simulated_per_item_ms="0")
+    for name, value in env.items():
+        if name.startswith("BATCHWORK_"):
+            monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    yield env
+    get_settings.cache_clear()

@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery import states
 
-from tests.integration.processes import service_env, workers
+from tests.integration.processes import workers
 from worker.errors import InvalidInput, JobFailed
-from worker.settings import get_settings
 from worker.store.results import ResultStore
 
 POISON = "tests.support.models:Poison"
-
-
-@pytest.fixture
-def producer(
-    redis_url: str, pg_url: str, pg_store: ResultStore, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[dict[str, str]]:
-    """This process as a producer on the test's Redis and PostgreSQL (settings from the environment)."""
-    env = service_env(redis_url, pg_url, simulated_base_ms="300", simulated_per_item_ms="0")
-    for name, value in env.items():
-        if name.startswith("BATCHWORK_"):
-            monkeypatch.setenv(name, value)
-    get_settings.cache_clear()
-    yield env
-    get_settings.cache_clear()
 
 
 @pytest.mark.slow

@@ -131,6 +131,17 @@ def test_a_refused_message_never_fails_an_existing_job(pg_store: ResultStore) ->
     assert outbox.events.count("task-failed") == 2
 
 
+def test_a_refusal_whose_text_the_database_refuses_is_still_acknowledged(pg_store: ResultStore) -> None:
+    # PostgreSQL keeps no NUL character; a message may carry one in any field its refusal repeats.
+    task_id = str(uuid.uuid4())
+    nul = Delivery(FakeMessage(task_id, {"model": "no\x00de", "inputs": 3}), 0.0)
+    outbox = FakeOutbox()
+    run(Storer(pg_store, outbox, Holdings()), Refusal(nul, "invalid model 'no\x00de'"))  # type: ignore[arg-type]
+    status = pg_store.status(task_id)
+    assert status is not None and status.state == "failed" and "no" in (status.error or "")
+    assert [d for s in outbox.settled for d in s.deliveries] == [nul]
+
+
 @pytest.mark.slow
 def test_an_outage_is_waited_out_and_then_everything_is_stored(pg_url: str, pg_store: ResultStore) -> None:
     url = make_url(pg_url)

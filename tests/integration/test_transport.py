@@ -170,19 +170,14 @@ def test_a_pushed_value_that_is_no_message_is_dropped_not_held(channel: Any, red
 
 
 def test_infer_delay_writes_one_message_and_one_job_record_in_one_round_trip_and_no_sql(
-    redis_url: str, pg_url: str, pg_store: Any, monkeypatch: pytest.MonkeyPatch
+    producer: dict[str, str], redis_url: str
 ) -> None:
     from sqlalchemy import Engine, event
 
-    from tests.integration.processes import service_env
     from worker.client import Client
     from worker.settings import get_settings
     from worker.tasks import infer
 
-    for name, value in service_env(redis_url, pg_url).items():
-        if name.startswith("BATCHWORK_"):
-            monkeypatch.setenv(name, value)
-    get_settings.cache_clear()
     statements: list[str] = []
     client = redis.Redis.from_url(redis_url)
 
@@ -198,7 +193,6 @@ def test_infer_delay_writes_one_message_and_one_job_record_in_one_round_trip_and
         after = client.info("commandstats")
     finally:
         event.remove(Engine, "before_cursor_execute", count)
-        get_settings.cache_clear()
     calls = {
         name.removeprefix("cmdstat_"): after[name]["calls"] - before.get(name, {"calls": 0})["calls"]
         for name in after

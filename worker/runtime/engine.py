@@ -24,6 +24,7 @@ from worker.runtime.journal import Journal
 from worker.runtime.loaded_models import LoadedModels
 from worker.runtime.lost_items import LostItems
 from worker.runtime.outbox import Outbox
+from worker.runtime.shared import Shared
 from worker.runtime.storing import Storer
 from worker.runtime.tuned import TunedLimitsWatcher
 from worker.runtime.watch import CancelWatch
@@ -65,15 +66,20 @@ class Engine:
         self.storer = Storer(store, outbox, self.holdings, journal)
         self.cancels = CancelWatch(store, self.holdings)
         self.lost = LostItems(store)
-        ready = threading.Condition()
-        self.intake = Intake(
-            settings, self.models, self.scheduler, ready, self.storer, outbox, self.holdings, journal, clock
+        self._ready = threading.Condition()
+        shared = Shared(
+            settings,
+            self.models,
+            self.scheduler,
+            self._ready,
+            self.storer,
+            outbox,
+            self.holdings,
+            journal,
+            clock,
         )
-        self.executor = Executor(
-            settings, self.models, self.scheduler, ready, self.storer, outbox, self.cancels, journal, clock,
-            worker_name, self.tuned.record_out_of_memory,
-        )  # fmt: skip
-        self._ready = ready
+        self.intake = Intake(shared)
+        self.executor = Executor(shared, self.cancels, worker_name, self.tuned.record_out_of_memory)
         self.ready = threading.Event()
         self._threads = {
             "prepare": threading.Thread(target=self.intake.loop, name="batchwork-prepare", daemon=True),

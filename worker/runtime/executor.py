@@ -10,21 +10,17 @@ before a crash it may witness.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from worker.batching.scheduler import Batch, Item, Scheduler
+from worker.batching.scheduler import Batch, Item
 from worker.runtime import metrics
 from worker.runtime.deliveries import Delivery, Outcomes, Slot, TokenReport
-from worker.runtime.journal import Journal
-from worker.runtime.loaded_models import LoadedModels, Stepping
-from worker.runtime.outbox import Outbox
+from worker.runtime.loaded_models import Stepping
 from worker.runtime.runner import run_batch
-from worker.runtime.storing import Storer
+from worker.runtime.shared import Shared
 from worker.runtime.watch import CancelWatch
-from worker.settings import Settings
 from worker.store.values import BatchRecord, ItemOutcome, TokenCount
 
 log = logging.getLogger(__name__)
@@ -35,27 +31,16 @@ Work = Batch | Stepping
 class Executor:
     def __init__(
         self,
-        settings: Settings,
-        models: LoadedModels,
-        scheduler: Scheduler,
-        ready: threading.Condition,
-        storer: Storer,
-        outbox: Outbox,
+        shared: Shared,
         cancels: CancelWatch,
-        journal: Journal | None,
-        clock: Callable[[], float],
         worker_name: str,
         ran_out_of_memory: Callable[[str, int], None] = lambda model, size: None,
     ) -> None:
-        self.settings = settings
-        self.models = models
-        self.scheduler = scheduler
-        self.ready = ready  # guards the scheduler; the intake notifies it when items arrive
-        self.storer = storer
-        self.outbox = outbox
+        self.settings, self.models, self.scheduler = shared.settings, shared.models, shared.scheduler
+        self.ready = shared.ready  # guards the scheduler; the intake notifies it when items arrive
+        self.storer, self.outbox = shared.storer, shared.outbox
+        self.journal, self.clock = shared.journal, shared.clock
         self.cancels = cancels
-        self.journal = journal
-        self.clock = clock
         self.worker_name = worker_name
         self.ran_out_of_memory = ran_out_of_memory  # records the size that failed, off this thread
         self._stopping = False

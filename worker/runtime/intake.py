@@ -10,48 +10,29 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-from worker.batching.scheduler import Item, Scheduler
+from worker.batching.scheduler import Item
 from worker.calls import InferCall, check_item, item_id, parse_message
 from worker.errors import InvalidInput
 from worker.models.base import Model
-from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal, Slot
-from worker.runtime.journal import DEATHS_ERROR, Journal
-from worker.runtime.loaded_models import ISOLATED, LoadedModels
-from worker.runtime.outbox import Outbox
+from worker.runtime.deliveries import Delivery, Outcomes, Refusal, Slot
+from worker.runtime.journal import DEATHS_ERROR
+from worker.runtime.loaded_models import ISOLATED
 from worker.runtime.runner import error_text
-from worker.runtime.storing import Storer
-from worker.settings import Settings
+from worker.runtime.shared import Shared
 from worker.store.values import ItemOutcome
 
 log = logging.getLogger(__name__)
 
 
 class Intake:
-    def __init__(
-        self,
-        settings: Settings,
-        models: LoadedModels,
-        scheduler: Scheduler,
-        ready: threading.Condition,
-        storer: Storer,
-        outbox: Outbox,
-        holdings: Holdings,
-        journal: Journal | None,
-        clock: Callable[[], float],
-    ) -> None:
-        self.settings = settings
-        self.models = models
-        self.scheduler = scheduler
-        self.ready = ready  # guards the scheduler; notified when items were added
-        self.storer = storer
-        self.outbox = outbox
-        self.holdings = holdings
-        self.journal = journal
-        self.clock = clock
+    def __init__(self, shared: Shared) -> None:
+        self.settings, self.models, self.scheduler = shared.settings, shared.models, shared.scheduler
+        self.ready = shared.ready  # guards the scheduler; notified when items were added
+        self.storer, self.outbox, self.holdings = shared.storer, shared.outbox, shared.holdings
+        self.journal, self.clock = shared.journal, shared.clock
         self.deliveries: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
 
     def loop(self) -> None:

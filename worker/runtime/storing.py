@@ -66,7 +66,7 @@ class Storer:
         while (first := self.work.get()) is not None:
             group, last = self._queued_with(first)
             try:
-                self._store(group)
+                self._store_each(group) if len(group) > 1 else self._store(group)
             except Stopping:
                 log.warning(
                     "stopping with %d writes not stored; their messages go back to the queue", len(group)
@@ -76,6 +76,23 @@ class Storer:
                 log.exception("could not store %d writes", len(group))
             if last:
                 return
+
+    def _store_each(self, group: list[StoreWork]) -> None:
+        """Store ``group`` in one go; should that hit a bug of ours, store its parts one by one, so that the
+        bug holds back only the messages of the part that meets it."""
+        try:
+            self._store(group)
+        except Exception as exc:
+            if isinstance(exc, Stopping):
+                raise
+            log.exception("could not store %d writes together; storing them one by one", len(group))
+            for work in group:
+                try:
+                    self._store([work])
+                except Stopping:
+                    raise
+                except Exception:
+                    log.exception("could not store a %s", type(work).__name__)
 
     def _queued_with(self, first: StoreWork) -> tuple[list[StoreWork], bool]:
         """``first`` and the work queued behind it (small batches pay one commit); True if the end."""
@@ -182,13 +199,29 @@ class Storer:
         delivery = refusal.delivery
         log.warning("message %s refused: %s", delivery.task_id[:80], refusal.error)
         spec = _refused_job(delivery)
-        if spec is not None and not self.store.fail_new_job(spec, refusal.error):
-            log.warning(
-                "job %s already exists: the refused message %s leaves it alone", spec.job_id, delivery.task_id
-            )
+        if spec is not None:
+            self._fail_new_job(spec, refusal.error, delivery.task_id)
         self.holdings.acknowledged([delivery])
         self.outbox.settle(Settled([delivery]))
         self.outbox.event("task-failed", delivery, exception=refusal.error, traceback="")
+
+    def _fail_new_job(self, spec: JobSpec, error: str, task_id: str) -> None:
+        """Record the refused message's job as failed. A message carries what it likes, and the refusal
+        repeats it: if the database refuses that text (a NUL byte, say), the job is recorded with the text
+        escaped and the model unnamed; if not even that, it is let go. Its message is acknowledged anyway."""
+        plain = JobSpec(spec.job_id, "?", spec.priority, spec.total)
+        for job, text in ((spec, error), (plain, _escaped(error))):
+            try:
+                if not self.store.fail_new_job(job, text):
+                    log.warning(
+                        "job %s already exists: the refused message %s leaves it alone", job.job_id, task_id
+                    )
+                return
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                failure = exc
+        log.error("the refused message %s left no trace in the store: %s", task_id[:80], error_text(failure))
 
     def _record_tokens(self, reports: list[TokenReport]) -> None:
         """Running items' token counts, once; best effort, never retried: the next report (about a second
@@ -259,6 +292,11 @@ def _refused_job(delivery: Delivery) -> JobSpec | None:
         except InvalidInput:
             continue
     return None
+
+
+def _escaped(text: str) -> str:
+    """``text`` in printable ASCII, control and non-ASCII characters as escapes: any database keeps it."""
+    return text.encode("unicode_escape").decode("ascii")[:2000]
 
 
 def _note_redelivered(stored: int, outcomes: int) -> None:
