@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         finally:
             processes.stop_all()
             broker.flushdb()
-            sys.modules["worker.tasks"].job_store(database_url).close()
+            sys.modules["worker.store.results"].ResultStore.for_url(database_url).close()
 
 
 def _point_settings_at(broker_url: str, database_url: str) -> None:
@@ -94,9 +94,9 @@ def _point_settings_at(broker_url: str, database_url: str) -> None:
 
 def _key(database_url: str) -> str:
     from worker.store.keys import KeyStore
-    from worker.tasks import job_store
+    from worker.store.results import ResultStore
 
-    return KeyStore(job_store(database_url).engine).create("bench")[1]
+    return KeyStore(ResultStore.for_url(database_url).engine).create("bench")[1]
 
 
 def submit_section(args: argparse.Namespace, url: str, key: str) -> str:

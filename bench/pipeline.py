@@ -143,8 +143,8 @@ def services(args: argparse.Namespace) -> Iterator[Services]:
         finally:
             processes.stop_all()
             db.dispose()
-            if "worker.tasks" in sys.modules:
-                sys.modules["worker.tasks"].job_store(database_url).close()
+            if "worker.store.results" in sys.modules:
+                sys.modules["worker.store.results"].ResultStore.for_url(database_url).close()
 
 
 def _prepare_process(found: Services) -> None:
@@ -252,7 +252,8 @@ def wait_rows(services: Services, table: str, total: int, timeout_s: float) -> R
 
 
 def wait_job(job_id: str, timeout_s: float) -> Any:
-    from worker.client import FINISHED, status
+    from worker.client import status
+    from worker.store.values import FINISHED_STATES as FINISHED
 
     deadline = time.monotonic() + timeout_s
     while (job := status(job_id)).state not in FINISHED:

@@ -25,6 +25,8 @@ MAX_ITEM_ID_CHARS = 200
 # What a caller passes to infer.delay / client.submit.
 CALL_ARGUMENTS = ("model", "inputs", "priority", "deadline_s")
 # What a message carries: the call, plus which job its items belong to and where they sit in it.
+# A time past this (the year 3000) is no one's clock: it is refused before a datetime or database meets it.
+LAST_UNIX_TIME = 32_503_680_000
 MESSAGE_ARGUMENTS = ("model", "inputs", "priority", "job_id", "offset", "total", "expires_at", "created_at")
 # Row numbers are 32-bit integers in SQL; no count or index may pass this.
 MAX_COUNT = 2**31 - 1
@@ -212,7 +214,7 @@ def _count(value: object, name: str) -> int:
 def _unix_time(value: object, name: str) -> float | None:
     if value is None:
         return None
-    if not _is_number(value):
+    if not _is_number(value) or not 0 <= value <= LAST_UNIX_TIME:  # type: ignore[operator]
         raise InvalidInput(f"argument '{name}' must be a Unix time in seconds, not {shown(value)}")
     return float(value)  # type: ignore[arg-type]
 

@@ -14,11 +14,15 @@ from typing import Any
 import pytest
 import redis
 from kombu import Connection
+from kombu.asynchronous import Hub
 
 from tests.integration.processes import ROOT
 from worker.broker.keys import Keys
 from worker.broker.producer import Publisher
 from worker.calls import InferCall
+from worker.runtime.deliveries import Holdings
+from worker.runtime.outbox import IntakeThrottle
+from worker.store.values import JobSpec
 
 KEYS = Keys("batchwork")
 TRANSPORT = "worker.broker.transport:Transport"
@@ -75,6 +79,37 @@ def test_the_fetch_takes_the_most_urgent_queue_first_and_obeys_per_queue_limits(
     chan.fetch()
     queues = [m.delivery_info["routing_key"] for m in received]
     assert queues == ["batchwork.high"] * 5 + ["batchwork.normal"] * 5 + ["batchwork.bulk"] * 2
+
+
+def test_a_large_prefetch_window_keeps_its_urgent_reserve_and_still_fetches(
+    channel: Any, redis_url: str
+) -> None:
+    # The throttle keeps prefetch_count // 8 of the window for urgent messages. It must judge that against
+    # the window's whole room, not one round trip's share of it: a window of 4096 (reserve 512) once
+    # fetched nothing at all, as every round trip takes at most 256.
+    chan, received, client = channel
+    chan.qos.prefetch_count = 4096
+    holdings = Holdings()
+    holdings.hold(JobSpec(str(uuid.uuid4()), "noop", "normal", 1), 1)  # one-item messages seen
+    priority_of = {KEYS.queue("normal"): "normal", KEYS.queue("bulk"): "bulk"}
+    chan.fetch_gate = IntakeThrottle(holdings, 50_000, priority_of, reserve=512, stalled_s=lambda: 0.0)
+    publish(redis_url, 300)
+    assert chan.fetch() == 256 and chan.fetch() == 44
+
+
+def test_a_busy_event_loop_comes_back_at_once_not_after_a_second(redis_url: str) -> None:
+    # kombu's hub fires at most 10 due timers per turn and then polls for a whole second: a worker whose
+    # fetch and ack timers were always due stalled a second at a time while messages waited.
+    connection = Connection(redis_url, transport=TRANSPORT)
+    hub = Hub()
+    try:
+        connection.transport.register_with_event_loop(connection.connection, hub)
+        for _ in range(12):
+            hub.call_later(0, lambda: None)
+        assert hub.fire_timers() <= 0.01
+    finally:
+        hub.close()
+        connection.release()
 
 
 def test_acks_and_lease_renewals_cover_every_held_message_in_one_round_trip(

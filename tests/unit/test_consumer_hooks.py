@@ -57,6 +57,7 @@ class FakeHub:
 
 class FakeDispatcher:
     enabled = True
+    buffer_limit = 24  # Celery's: events per published message
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
@@ -83,6 +84,7 @@ def test_the_outbox_acks_everything_settled_since_the_last_tick_in_one_call() ->
     assert channel.qos.calls == []  # nothing before the tick: the channel is the consumer thread's
     outbox.tick()
     assert channel.qos.calls == [{"tags": ["1", "2", "3"], "lost_ids": ["task-3"], "jobs": ["job-a"]}]
+    assert dispatcher.buffer_limit >= 1000  # a tick's events leave in one message, not one per 24
     assert dispatcher.sent == [("task-succeeded", {"uuid": "task-1", "runtime": 0.1})]
     outbox.tick()
     assert len(channel.qos.calls) == 1  # nothing is acked twice

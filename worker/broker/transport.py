@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -29,6 +30,11 @@ FETCH_LIMIT = 256
 # With nothing waiting, the fetch backs off from 1 ms, doubling, to this; a message arriving into an idle
 # worker waits at most this long in Redis. An idle worker costs Redis a trivial script this often.
 IDLE_FETCH_S = 0.02
+# kombu's hub fires at most 10 due timers per turn of its loop; when all 10 ran (a busy worker whose fetch
+# and ack timers are due again as soon as they finish) it polls for ``min_delay``, one whole second by
+# default: the worker would stall a second at a time exactly when messages keep coming. A busy loop comes
+# back after this instead.
+HUB_MIN_DELAY_S = 0.001
 # Messages one restore sweep hands back at most.
 RESTORE_LIMIT = 1000
 
@@ -120,8 +126,10 @@ class Channel(kombu_redis.Channel):
     def fetch(self) -> int:
         """Take up to FETCH_LIMIT waiting messages (most urgent queue first) and deliver them; how many."""
         room = self.qos.can_consume_max_estimate()
-        limit = FETCH_LIMIT if room is None else min(FETCH_LIMIT, room)
-        plan = [(queue, most) for queue, most in self._plan(limit) if most > 0]
+        room = FETCH_LIMIT if room is None else room  # None: no prefetch limit
+        limit = min(FETCH_LIMIT, room)
+        # The gate sees the whole room of the prefetch window (it keeps part of it for urgent messages).
+        plan = [(queue, min(most, limit)) for queue, most in self._plan(room) if most > 0]
         if limit <= 0 or not plan:
             return 0
         queues, most = [queue for queue, _ in plan], [count for _, count in plan]
@@ -146,14 +154,15 @@ class Channel(kombu_redis.Channel):
             with self.conn_or_acquire() as client:
                 client.zadd(self.keys.unacked_index, dict.fromkeys(tags, time.time()), xx=True)
 
-    def _plan(self, limit: int) -> list[tuple[str, int]]:
-        """The consumed queues in priority order, with how many messages each may give now."""
+    def _plan(self, room: int) -> list[tuple[str, int]]:
+        """The consumed queues in priority order, with how many messages each may give now, given ``room``
+        in the prefetch window."""
         consumed = set(self.active_queues)
         queues = [queue for queue in self.keys.queues if queue in consumed]
         queues += [queue for queue in self.active_queues if queue not in queues]
         if self.fetch_gate is None:
-            return [(queue, limit) for queue in queues]
-        return self.fetch_gate(queues, limit)
+            return [(queue, room) for queue in queues]
+        return self.fetch_gate(queues, room)
 
     def _deliver_one(self, tag: str, queue: str, raw: bytes, lost: int) -> None:
         try:
@@ -194,6 +203,10 @@ class Transport(kombu_redis.Transport):
 
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
         super().register_with_event_loop(connection, loop)
+        if not isinstance(
+            loop.fire_timers, partial
+        ):  # Celery builds the loop after this, reading this attribute
+            loop.fire_timers = partial(loop.fire_timers, min_delay=HUB_MIN_DELAY_S)
         fetcher = getattr(self, "_fetcher", None)
         if fetcher is not None:
             fetcher.stop()  # a reconnect registers again: one fetch loop at a time

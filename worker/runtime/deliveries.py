@@ -52,7 +52,8 @@ class Delivery:
     @cached_property
     def job(self) -> JobSpec:
         assert self.call is not None
-        return JobSpec(self.call.job_id, self.call.model, self.call.priority, self.call.total)
+        call = self.call
+        return JobSpec(call.job_id, call.model, call.priority, call.total, call.created_at)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,9 @@ from worker.store.values import ItemOutcome
 
 log = logging.getLogger(__name__)
 
+# Messages taken together at most: their items reach the scheduler in one go.
+MAX_GROUP = 256
+
 
 class Intake:
     def __init__(self, shared: Shared) -> None:
@@ -36,15 +39,42 @@ class Intake:
         self.deliveries: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
 
     def loop(self) -> None:
-        while (delivery := self.deliveries.get()) is not None:
-            try:
-                self.take(delivery)
-            except Exception:  # never let one message stop the intake
-                log.exception("could not take message %s", delivery.task_id[:80])
-                if delivery.call is None:
-                    self.storer.work.put(Refusal(delivery, "internal error while preparing the message"))
+        """Take every message waiting, then hand all their items to the scheduler at once: one lock and one
+        wake-up of the run thread per group, not per message (single-item calls arrive by the thousand)."""
+        while True:
+            group, last = self._waiting()
+            items: list[tuple[str, str, Item]] = []
+            for delivery in group:
+                try:
+                    self.take(delivery, items)
+                except Exception:  # never let one message stop the intake
+                    log.exception("could not take message %s", delivery.task_id[:80])
+                    if delivery.call is None:
+                        self.storer.work.put(Refusal(delivery, "internal error while preparing the message"))
+            if items:
+                with self.ready:
+                    for model, lane, item in items:
+                        self.scheduler.add(model, lane, item)
+                    self.ready.notify()
+            if last:
+                return
 
-    def take(self, delivery: Delivery) -> None:
+    def _waiting(self) -> tuple[list[Delivery], bool]:
+        """The next delivery (waiting for one) and those queued behind it; True once the end is seen."""
+        group: list[Delivery] = []
+        delivery = self.deliveries.get()
+        while delivery is not None:
+            group.append(delivery)
+            if len(group) >= MAX_GROUP:
+                return group, False
+            try:
+                delivery = self.deliveries.get_nowait()
+            except queue.Empty:
+                return group, False
+        return group, True
+
+    def take(self, delivery: Delivery, items: list[tuple[str, str, Item]]) -> None:
+        """Parse and check ``delivery``; its items to batch go to ``items`` as (model, lane, item)."""
         call = self._parse(delivery)
         if call is None:
             return
@@ -67,7 +97,7 @@ class Intake:
         valid, checked, errors = self._check(model, delivery, positions)
         if errors.outcomes:
             self.storer.work.put(errors)
-        self._enqueue(delivery, model, valid, checked, isolated)
+        self._prepare(delivery, model, valid, checked, isolated, items)
 
     def _parse(self, delivery: Delivery) -> InferCall | None:
         try:
@@ -122,8 +152,14 @@ class Intake:
                 checked.append(ready)
         return valid, checked, errors
 
-    def _enqueue(
-        self, delivery: Delivery, model: Model, positions: list[int], checked: list[Any], isolated: set[int]
+    def _prepare(
+        self,
+        delivery: Delivery,
+        model: Model,
+        positions: list[int],
+        checked: list[Any],
+        isolated: set[int],
+        items: list[tuple[str, str, Item]],
     ) -> None:
         call = delivery.call
         assert call is not None
@@ -137,14 +173,12 @@ class Intake:
             self._fail(delivery, positions, f"could not prepare input: {error_text(exc)}")
             return
         now, suspect = self.clock(), bool(delivery.lost)
-        with self.ready:
-            for position, ready in zip(positions, prepared, strict=True):
-                index = call.offset + position
-                alone = position in isolated
-                slot = Slot(delivery, _safe_id(index, call.inputs[position]), ready.payload, suspect, alone)
-                lane = ISOLATED if alone else call.priority
-                self.scheduler.add(call.model, lane, Item(call.job_id, index, ready.length, now, slot))
-            self.ready.notify()
+        for position, ready in zip(positions, prepared, strict=True):
+            index = call.offset + position
+            alone = position in isolated
+            slot = Slot(delivery, _safe_id(index, call.inputs[position]), ready.payload, suspect, alone)
+            lane = ISOLATED if alone else call.priority
+            items.append((call.model, lane, Item(call.job_id, index, ready.length, now, slot)))
 
     def _fail(self, delivery: Delivery, positions: Iterable[int], error: str) -> None:
         """Store ``error`` for these items of the delivery (they will not run)."""

@@ -21,6 +21,8 @@ from worker.runtime.deliveries import Delivery, Holdings
 log = logging.getLogger(__name__)
 
 TICK_S = 0.005
+# Task events published in one message at most (Flower reads such a list as it reads single events).
+EVENTS_PER_MESSAGE = 2048
 
 
 @dataclass
@@ -112,6 +114,9 @@ class Outbox:
         dispatcher = self._dispatcher() if self._dispatcher else None
         if dispatcher is None or not dispatcher.enabled:
             return  # send() itself skips task events unless the worker was asked for them
+        # Celery's dispatcher buffers task events while an event loop runs and publishes them as one
+        # "task.multi" message per turn of the loop, or per 24 events; a tick's worth is one message.
+        dispatcher.buffer_limit = max(dispatcher.buffer_limit, EVENTS_PER_MESSAGE)
         for kind, delivery, fields in events:
             try:
                 dispatcher.send(kind, uuid=delivery.task_id, **fields)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import JSON, Connection, Insert, Integer, Row, bindparam, func, literal_column, select
@@ -33,9 +34,14 @@ def check_dialect(name: str) -> None:
 
 
 def insert_jobs(conn: Connection, rows: list[dict[str, Any]]) -> set[str]:
-    """Insert the job rows that do not exist yet and return their ids; existing jobs are left untouched."""
+    """Insert the job rows that do not exist yet and return their ids; existing jobs are left untouched.
+    Every row has the same keys."""
     if not rows:
         return set()
+    if conn.dialect.name == "postgresql" and len(rows) > 1:
+        # A batch of single-item calls brings a new job per item: one statement for all, as for results.
+        statement = _postgresql_jobs_statement(tuple(rows[0]))
+        return set(conn.scalars(statement, {"rows": rows}))
     return set(conn.scalars(_JOB_INSERTS[conn.dialect.name], rows))
 
 
@@ -63,6 +69,23 @@ def _token_upsert(dialect: Any) -> Insert:
         index_elements=_RESULT_KEY,
         set_={name: stmt.excluded[name] for name in ("tokens", "final", "updated_at")},
         where=~table.c.final,
+    )
+
+
+@lru_cache(maxsize=8)
+def _postgresql_jobs_statement(fields: tuple[str, ...]) -> Insert:
+    given = (
+        func.json_populate_recordset(
+            literal_column(f"NULL::{tables.jobs.name}"), bindparam("rows", type_=JSON())
+        )
+        .table_valued(*fields)
+        .alias("job")
+    )
+    return (
+        postgresql.insert(tables.jobs)
+        .from_select(list(fields), select(*(given.c[name] for name in fields)))
+        .on_conflict_do_nothing(index_elements=["id"])
+        .returning(tables.jobs.c.id)
     )
 
 

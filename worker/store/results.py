@@ -185,7 +185,9 @@ class ResultStore:
                 counts.append(len(inserted))
                 inserted_all.extend(inserted)
             progress = rows.progress_by_job(inserted_all, now)
-            if progress:
+            if len(progress) > 1 and conn.dialect.name == "postgresql":
+                conn.execute(rows.PROGRESS_OF_MANY, {"progress": progress, "now": now})
+            elif progress:
                 conn.execute(rows.PROGRESS, progress)
             finals = [o for _, outcomes, _ in batches for o in outcomes if o.tokens is not None]
             finals = [o for o in finals if o.job_id not in refused]

@@ -7,22 +7,27 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any
 
-from sqlalchemy import Row, Update, and_, bindparam, case, func, or_, update
+from sqlalchemy import JSON, Integer, Row, String, Update, and_, bindparam, case, column, func, or_, update
 
 from worker.store import bulk, tables
 from worker.store.tables import UtcDateTime
 from worker.store.values import FINISHED_STATES, BatchRecord, ItemOutcome, JobSpec, JobStatus, TokenCount
 
 
-def _progress_statement() -> Update:
-    """One job's counters bumped by its newly inserted rows, and its state moved forward (never back)."""
+def _progress_statement(given: Any = None) -> Update:
+    """One job's counters bumped by its newly inserted rows, and its state moved forward (never back).
+
+    ``given``: a row source with columns job_key, new_done, new_failed, for one statement over many jobs;
+    None: they are parameters, for an executemany.
+    """
     job = tables.jobs.c
-    done = job.done + bindparam("new_done")
-    failed = job.failed + bindparam("new_failed")
+    key = bindparam("job_key") if given is None else given.c.job_key
+    done = job.done + (bindparam("new_done") if given is None else given.c.new_done)
+    failed = job.failed + (bindparam("new_failed") if given is None else given.c.new_failed)
     now = bindparam("now", type_=UtcDateTime())
     # or_ rather than in_: an IN list is an "expanding" parameter, which executemany cannot take.
     finished = or_(*(job.state == state for state in FINISHED_STATES))
@@ -37,7 +42,7 @@ def _progress_statement() -> Update:
     )
     return (
         update(tables.jobs)
-        .where(job.id == bindparam("job_key"))
+        .where(job.id == key)
         .values(
             done=done,
             failed=failed,
@@ -48,7 +53,19 @@ def _progress_statement() -> Update:
     )
 
 
+def _progress_of_many() -> Update:
+    # PostgreSQL: the jobs of a whole write (one per item, for single-item calls) in one UPDATE ... FROM a
+    # JSON array, rather than one UPDATE per job.
+    given = (
+        func.json_to_recordset(bindparam("progress", type_=JSON()))
+        .table_valued(column("job_key", String), column("new_done", Integer), column("new_failed", Integer))
+        .render_derived(name="given", with_types=True)
+    )
+    return _progress_statement(given)
+
+
 PROGRESS = _progress_statement()
+PROGRESS_OF_MANY = _progress_of_many()
 
 
 def job_row(spec: JobSpec, now: datetime, state: str = "queued") -> dict[str, Any]:
@@ -60,7 +77,7 @@ def job_row(spec: JobSpec, now: datetime, state: str = "queued") -> dict[str, An
         "total": spec.total,
         "done": 0,
         "failed": 0,
-        "created_at": now,
+        "created_at": now if spec.created_at is None else datetime.fromtimestamp(spec.created_at, UTC),
         "finished_at": None if state == "queued" else now,
     }
 

@@ -23,6 +23,7 @@ class JobSpec:
     model: str
     priority: str
     total: int
+    created_at: float | None = None  # Unix time the producer accepted the job; None: when it is recorded
 
 
 @dataclass(frozen=True, slots=True)

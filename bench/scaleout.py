@@ -1,0 +1,276 @@
+"""Scale-out: 1, 2 and 4 batchwork workers on one Redis + PostgreSQL, fed single-item calls by several
+producer processes, then one bulk ``submit``; throughput, item latency and who used the CPU.
+
+The model is ``simulated``: each batch sleeps a + b*n ms, releasing the GIL as a GPU kernel would, so this
+small machine can host several workers whose cost is the device's, not Python's. Every figure comes from
+the database: an item's latency is its result row's write time less its job's creation time (the
+producer's clock), so it includes the wait in Redis. Producers send as fast as they can, so a backlog forms
+and the latency shown is at saturation. Prints tables, never asserts. Run from the repository root:
+``python -m bench.scaleout [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from sqlalchemy import text
+
+from bench import processes
+from bench.pipeline import Services, batchwork_worker, print_table, ratio, services, wait_rows
+
+WORKER_COUNTS = (1, 2, 4)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer items (about 2 minutes)")
+    p.add_argument("--workers", default="1,2,4", help="worker counts to measure")
+    p.add_argument("--producers", type=int, default=4, help="producer processes for the single-item calls")
+    p.add_argument(
+        "--calls", type=int, default=None, help="single-item calls in all (default 8000, quick 3000)"
+    )
+    p.add_argument(
+        "--submit-items", type=int, default=None, help="one bulk submit (default 40000, quick 12000)"
+    )
+    p.add_argument("--base-ms", type=float, default=100.0, help="simulated batch cost a in a + b*n")
+    p.add_argument("--per-item-ms", type=float, default=2.0, help="simulated batch cost b in a + b*n")
+    p.add_argument("--n", type=int, default=64, help="max_batch_size of every worker")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379")
+    p.add_argument("--redis-db", type=int, default=13, help="flushed before and after")
+    p.add_argument("--postgres-url", default="postgresql+psycopg://root@127.0.0.1:5432/test")
+    p.add_argument("--timeout-s", type=float, default=300, help="give up on one measured phase after this")
+    p.add_argument("--worker-setting", action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--produce", type=int, default=None, help=argparse.SUPPRESS)  # a producer subprocess
+    p.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.calls = args.calls or (3000 if args.quick else 8000)
+    args.submit_items = args.submit_items or (12000 if args.quick else 40000)
+    args.counts = [int(c) for c in args.workers.split(",") if c.strip()]
+    return args
+
+
+def produce(count: int, start_at: float) -> None:
+    """A producer subprocess: ``count`` single-item ``infer.delay`` calls as fast as it can, from
+    ``start_at`` (so every producer starts together); prints its first and last send times as JSON."""
+    from worker.tasks import infer
+
+    infer.delay(model="simulated", inputs=["warm-up"])  # connects; the bench subtracts this job
+    time.sleep(max(0.0, start_at - time.time()))
+    first = time.time()
+    for i in range(count):
+        infer.delay(model="simulated", inputs=[f"call {i} from {os.getpid()}"])
+    print(json.dumps({"first": first, "last": time.time(), "cpu_s": time.process_time()}), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.produce is not None:
+        produce(args.produce, args.start_at)
+        return
+    print(f"bench.scaleout {' '.join(sys.argv[1:])}")
+    print(
+        f"simulated model: {args.base_ms:g} ms + {args.per_item_ms:g} ms/item per batch, N={args.n}: one "
+        f"worker's ceiling {args.n / (args.base_ms + args.per_item_ms * args.n) * 1000:.0f} items/s"
+    )
+    print(f"host: {os.cpu_count()} cpus; {args.producers} producer processes, {args.calls} single-item calls")
+    with services(args) as found:
+        calls: dict[int, dict[str, float]] = {}
+        bulk: dict[int, dict[str, float]] = {}
+        for count in args.counts:
+            calls[count] = single_item_calls(args, found, count)
+            bulk[count] = bulk_submit(args, found, count)
+        report(args, calls, bulk)
+
+
+def start_workers(args: argparse.Namespace, found: Services, count: int) -> list[processes.WorkerProcess]:
+    started = [
+        batchwork_worker(
+            found,
+            f"scale{count}-{i}",
+            simulated_base_ms=args.base_ms,
+            simulated_per_item_ms=args.per_item_ms,
+            batching={"simulated": {"max_batch_size": args.n, "max_wait_ms": 20}},
+        )
+        for i in range(count)
+    ]
+    for worker in started:
+        worker.wait_ready()
+    return started
+
+
+def single_item_calls(args: argparse.Namespace, found: Services, count: int) -> dict[str, float]:
+    found.truncate()
+    workers = start_workers(args, found, count)
+    per_producer = args.calls // args.producers
+    total = per_producer * args.producers
+    start_at = time.time() + 3.0  # every producer has imported batchwork and connected by then
+    env = found.worker_env()
+    producers = [
+        subprocess.Popen(
+            processes.python_module(
+                "bench.scaleout", "--produce", str(per_producer), "--start-at", repr(start_at)
+            ),
+            cwd=processes.ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(args.producers)
+    ]
+    meters = CpuByService(workers)
+    time.sleep(max(0.0, start_at - time.time()))
+    with meters:
+        stored = wait_rows(found, "results", total + args.producers, args.timeout_s)
+    sent = [json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1]) for p in producers]
+    first_sent = min(s["first"] for s in sent)
+    wall = stored.last - first_sent
+    p50, p99 = latency_ms(found, first_sent)
+    for worker in workers:
+        worker.stop()
+    shown = ", ".join(f"{k} {v:.2f}" for k, v in meters.cores.items())
+    print(f"  {count} worker(s), calls: {total} items in {wall:.1f} s; CPU cores used: {shown}")
+    return {
+        "items/s": total / wall,
+        "publish items/s": total / (max(s["last"] for s in sent) - first_sent),
+        "p50 ms": p50,
+        "p99 ms": p99,
+        **{f"cpu {k}": v for k, v in meters.cores.items()},
+        "producer CPU us/call": sum(s["cpu_s"] for s in sent) / total * 1e6,
+    }
+
+
+def bulk_submit(args: argparse.Namespace, found: Services, count: int) -> dict[str, float]:
+    from worker.client import submit
+
+    found.truncate()
+    workers = start_workers(args, found, count)
+    inputs = [f"bulk item {i}" for i in range(args.submit_items)]
+    meters = CpuByService(workers)
+    with meters:
+        began = time.time()
+        submit("simulated", inputs, priority="bulk")
+        submitted = time.time() - began
+        stored = wait_rows(found, "results", len(inputs), args.timeout_s)
+    for worker in workers:
+        worker.stop()
+    wall = stored.last - began
+    shown = ", ".join(f"{k} {v:.2f}" for k, v in meters.cores.items())
+    print(
+        f"  {count} worker(s), bulk: {len(inputs)} items in {wall:.1f} s (submit {submitted:.1f} s); {shown}"
+    )
+    return {"items/s": len(inputs) / wall, "submit s": submitted}
+
+
+def latency_ms(found: Services, since: float) -> tuple[float, float]:
+    """p50 and p99 of result write time less job creation time, over the jobs created from ``since``."""
+    query = text(
+        "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY "
+        "extract(epoch FROM r.created_at - j.created_at)) FROM results r JOIN jobs j ON j.id = r.job_id "
+        "WHERE j.created_at >= to_timestamp(:since)"
+    )
+    with found.db.connect() as conn:
+        p50, p99 = conn.execute(query, {"since": since}).scalar_one()
+    return p50 * 1000, p99 * 1000
+
+
+class CpuByService:
+    """CPU cores used while a block runs by the workers, Redis, PostgreSQL, and everything else (producers,
+    this bench)."""
+
+    def __init__(self, workers: Sequence[processes.WorkerProcess]) -> None:
+        self.workers = workers
+        self.cores: dict[str, float] = {}
+
+    def __enter__(self) -> CpuByService:
+        self._wall = time.monotonic()
+        self._before = self._sample()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        after = self._sample()
+        wall = time.monotonic() - self._wall
+        used = {k: after[k] - self._before[k] for k in after}
+        used["others"] = used.pop("machine") - used["workers"] - used["redis"] - used["postgres"]
+        self.cores = {k: v / wall for k, v in used.items()}
+
+    def _sample(self) -> dict[str, float]:
+        return {
+            "machine": processes.machine_busy_s(),
+            "workers": sum(processes.group_cpu_s(w.pid) for w in self.workers),
+            "redis": named_cpu_s("redis-server"),
+            "postgres": named_cpu_s("postgres"),
+        }
+
+
+def named_cpu_s(command: str) -> float:
+    """CPU seconds used so far by the live processes whose command name is ``command``."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                name, _, rest = stat.read().partition(" (")[2].rpartition(")")
+        except OSError:
+            continue
+        if name.startswith(command):
+            fields = rest.split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def report(
+    args: argparse.Namespace, calls: dict[int, dict[str, float]], bulk: dict[int, dict[str, float]]
+) -> None:
+    one = args.counts[0]
+    print("\n== single-item calls")
+    print_table(
+        [
+            "workers",
+            "items/s",
+            "vs 1 worker",
+            "p50 ms",
+            "p99 ms",
+            "publish items/s",
+            "producer us/call",
+            "CPU workers",
+            "CPU redis",
+            "CPU postgres",
+            "CPU others",
+        ],
+        [
+            [
+                count,
+                f"{c['items/s']:.0f}",
+                ratio(c["items/s"], calls[one]["items/s"]),
+                f"{c['p50 ms']:.0f}",
+                f"{c['p99 ms']:.0f}",
+                f"{c['publish items/s']:.0f}",
+                f"{c['producer CPU us/call']:.0f}",
+                f"{c['cpu workers']:.2f}",
+                f"{c['cpu redis']:.2f}",
+                f"{c['cpu postgres']:.2f}",
+                f"{c['cpu others']:.2f}",
+            ]
+            for count, c in calls.items()
+        ],
+    )
+    print("\n== one bulk submit")
+    print_table(
+        ["workers", "items/s", "vs 1 worker", "submit s"],
+        [
+            [count, f"{b['items/s']:.0f}", ratio(b["items/s"], bulk[one]["items/s"]), f"{b['submit s']:.1f}"]
+            for count, b in bulk.items()
+        ],
+    )
+    print("  target: 4 workers >= 3.3x one worker (single-item calls)")
+
+
+if __name__ == "__main__":
+    main()
