@@ -539,7 +539,7 @@ def noop_calls_section(args: argparse.Namespace, services: Services) -> None:
                 "batchwork / celery-batches",
                 ratio(e2e["batchwork"], e2e["celery-batches"]),
                 ratio(drain["batchwork"], drain["celery-batches"]),
-                ">= 3x",
+                "end-to-end >= 3x, drain >= 5x",
             ],
             [
                 "batchwork / plain",
@@ -683,11 +683,13 @@ class Stopwatch:
         return timed
 
 
+# The steps of Client.submit timed apart: checking every item, the job's row in SQL, the messages.
+SUBMIT_PARTS = ("check", "register", "publish")
+
+
 def noop_submit_section(args: argparse.Namespace, services: Services) -> None:
-    import worker.client as client_module
-    from worker.client import submit
+    from worker.client import Client, submit
     from worker.settings import get_settings
-    from worker.store.results import ResultStore
 
     total = args.submit_items
     settings = get_settings()
@@ -704,11 +706,9 @@ def noop_submit_section(args: argparse.Namespace, services: Services) -> None:
         services.truncate()
 
         watch = Stopwatch()
-        originals = {name: getattr(client_module, name) for name in ("parse_call", "check_items", "publish")}
-        original_create = ResultStore.create_job
+        originals = {name: getattr(Client, name) for name in SUBMIT_PARTS}
         for name, function in originals.items():
-            setattr(client_module, name, watch.wrap(name, function))
-        ResultStore.create_job = watch.wrap("create_job", original_create)  # type: ignore[method-assign]
+            setattr(Client, name, watch.wrap(name, function))
         profiler = _profiler(args.profile_producer)
         try:
             with (
@@ -723,16 +723,12 @@ def noop_submit_section(args: argparse.Namespace, services: Services) -> None:
                 job = wait_job(job_id, args.timeout_s)
         finally:
             for name, function in originals.items():
-                setattr(client_module, name, function)
-            ResultStore.create_job = original_create  # type: ignore[method-assign]
+                setattr(Client, name, function)
         finished = epoch(job.finished_at)
         count, size, run_ms, _ = batch_stats(services)
         first_batch = _first_batch_start(services)
         submit_s = submitted - started
-        parts = [
-            (name, watch.seconds.get(name, 0.0), watch.calls.get(name, 0))
-            for name in ("parse_call", "check_items", "create_job", "publish")
-        ]
+        parts = [(name, watch.seconds.get(name, 0.0), watch.calls.get(name, 0)) for name in SUBMIT_PARTS]
         other = submit_s - sum(seconds for _, seconds, _ in parts)
         print_table(
             ["in submit()", "s", "calls", "share"],
@@ -765,7 +761,7 @@ def noop_submit_section(args: argparse.Namespace, services: Services) -> None:
             f"model run {run_ms / 1000:.2f} s in all; CPU (cores) worker {cpu.cores['workers']:.2f}, "
             f"bench {cpu.cores['bench']:.2f}, others {cpu.cores['others']:.2f}"
         )
-        print(f"  end to end {job.done / (finished - started):,.0f} items/s (target >= 20,000)")
+        print(f"  end to end {job.done / (finished - started):,.0f} items/s (target >= 100,000)")
         if profiler:
             _print_profile(profiler)
     finally:

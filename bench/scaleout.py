@@ -33,13 +33,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", default="1,2,4", help="worker counts to measure")
     p.add_argument("--producers", type=int, default=4, help="producer processes for the single-item calls")
     p.add_argument(
-        "--calls", type=int, default=None, help="single-item calls in all (default 8000, quick 3000)"
+        "--calls", type=int, default=None, help="single-item calls in all (default 4000, quick 2000)"
     )
     p.add_argument(
-        "--submit-items", type=int, default=None, help="one bulk submit (default 40000, quick 12000)"
+        "--submit-items", type=int, default=None, help="one bulk submit (default 12000, quick 6000)"
     )
-    p.add_argument("--base-ms", type=float, default=100.0, help="simulated batch cost a in a + b*n")
-    p.add_argument("--per-item-ms", type=float, default=2.0, help="simulated batch cost b in a + b*n")
+    p.add_argument("--base-ms", type=float, default=200.0, help="simulated batch cost a in a + b*n")
+    p.add_argument("--per-item-ms", type=float, default=4.0, help="simulated batch cost b in a + b*n")
     p.add_argument("--n", type=int, default=64, help="max_batch_size of every worker")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379")
     p.add_argument("--redis-db", type=int, default=13, help="flushed before and after")
@@ -49,8 +49,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--produce", type=int, default=None, help=argparse.SUPPRESS)  # a producer subprocess
     p.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    args.calls = args.calls or (3000 if args.quick else 8000)
-    args.submit_items = args.submit_items or (12000 if args.quick else 40000)
+    args.calls = args.calls or (2000 if args.quick else 4000)
+    args.submit_items = args.submit_items or (6000 if args.quick else 12000)
     args.counts = [int(c) for c in args.workers.split(",") if c.strip()]
     return args
 

@@ -19,7 +19,16 @@ from worker.settings import get_settings
 
 
 @app.command()
-def worker(loglevel: str = "INFO", hostname: str | None = None) -> None:
+def worker(
+    loglevel: str = "INFO",
+    hostname: Annotated[
+        str | None, typer.Option(help="this worker's name, e.g. gpu0@host-a (Flower shows it)")
+    ] = None,
+    queues: Annotated[
+        str | None,
+        typer.Option("--queues", "-Q", help="only these queues, e.g. batchwork.high (default: all three)"),
+    ] = None,
+) -> None:
     """Run a batching worker on the configured broker and database."""
     settings = get_settings()
     if settings.embedded:
@@ -28,10 +37,17 @@ def worker(loglevel: str = "INFO", hostname: str | None = None) -> None:
     store.ensure_sqlite_schema()
     if not store.has_schema():
         raise SetupError(f"the database {store.location()} has no batchwork schema: run `batchwork migrate`")
+    from worker.broker.keys import Keys
     from worker.celery_app import app as celery_app
 
+    known = Keys.of(settings).queues
+    unknown = [name for name in (queues or "").split(",") if name and name not in known]
+    if unknown:
+        raise UsageError(f"unknown queue {unknown[0]!r}: batchwork's queues are {', '.join(known)}")
     argv = ["worker", f"--loglevel={loglevel}"]
-    celery_app.worker_main(argv + ([f"--hostname={hostname}"] if hostname else []))
+    argv += [f"--hostname={hostname}"] if hostname else []
+    argv += [f"--queues={queues}"] if queues else []
+    celery_app.worker_main(argv)
 
 
 @app.command()

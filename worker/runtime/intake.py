@@ -26,8 +26,9 @@ from worker.store.values import ItemOutcome
 
 log = logging.getLogger(__name__)
 
-# Messages taken together at most: their items reach the scheduler in one go.
+# Messages taken together at most: their items reach the scheduler in one go, or in parts of this many.
 MAX_GROUP = 256
+MAX_GROUP_ITEMS = 2048
 
 
 class Intake:
@@ -51,13 +52,19 @@ class Intake:
                     log.exception("could not take message %s", delivery.task_id[:80])
                     if delivery.call is None:
                         self.storer.work.put(Refusal(delivery, "internal error while preparing the message"))
-            if items:
-                with self.ready:
-                    for model, lane, item in items:
-                        self.scheduler.add(model, lane, item)
-                    self.ready.notify()
+                if len(items) >= MAX_GROUP_ITEMS:  # large messages: the run thread need not wait for all
+                    self._schedule(items)
+                    items = []
+            self._schedule(items)
             if last:
                 return
+
+    def _schedule(self, items: list[tuple[str, str, Item]]) -> None:
+        if items:
+            with self.ready:
+                for model, lane, item in items:
+                    self.scheduler.add(model, lane, item)
+                self.ready.notify()
 
     def _waiting(self) -> tuple[list[Delivery], bool]:
         """The next delivery (waiting for one) and those queued behind it; True once the end is seen."""
