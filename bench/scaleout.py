@@ -45,7 +45,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--redis-db", type=int, default=13, help="flushed before and after")
     p.add_argument("--postgres-url", default="postgresql+psycopg://root@127.0.0.1:5432/test")
     p.add_argument("--timeout-s", type=float, default=300, help="give up on one measured phase after this")
-    p.add_argument("--worker-setting", action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument(
+        "--worker-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra BATCHWORK_NAME=VALUE for every worker, e.g. PREFETCH_COUNT=256 (repeatable)",
+    )
+    p.add_argument("--no-bulk", action="store_true", help="only the single-item calls")
     p.add_argument("--produce", type=int, default=None, help=argparse.SUPPRESS)  # a producer subprocess
     p.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -62,10 +69,11 @@ def produce(count: int, start_at: float) -> None:
 
     infer.delay(model="simulated", inputs=["warm-up"])  # connects; the bench subtracts this job
     time.sleep(max(0.0, start_at - time.time()))
-    first = time.time()
+    first, cpu = time.time(), time.process_time()
     for i in range(count):
         infer.delay(model="simulated", inputs=[f"call {i} from {os.getpid()}"])
-    print(json.dumps({"first": first, "last": time.time(), "cpu_s": time.process_time()}), flush=True)
+    done = {"first": first, "last": time.time(), "cpu_s": time.process_time() - cpu}
+    print(json.dumps(done), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -84,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         bulk: dict[int, dict[str, float]] = {}
         for count in args.counts:
             calls[count] = single_item_calls(args, found, count)
-            bulk[count] = bulk_submit(args, found, count)
+            if not args.no_bulk:
+                bulk[count] = bulk_submit(args, found, count)
         report(args, calls, bulk)
 
 
@@ -261,6 +270,9 @@ def report(
             for count, c in calls.items()
         ],
     )
+    print("  target: 4 workers >= 3.3x one worker")
+    if not bulk:
+        return
     print("\n== one bulk submit")
     print_table(
         ["workers", "items/s", "vs 1 worker", "submit s"],
@@ -269,7 +281,6 @@ def report(
             for count, b in bulk.items()
         ],
     )
-    print("  target: 4 workers >= 3.3x one worker (single-item calls)")
 
 
 if __name__ == "__main__":

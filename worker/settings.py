@@ -121,9 +121,8 @@ class Settings(BaseSettings):
     # can form while one runs, and stay small enough that a held message is acked well within
     # visibility_timeout_s (kombu redelivers anything held longer).
     prefetch_count: int = Field(default=1024, ge=1)
-    # Items of one priority a worker holds before it stops fetching that queue (high never stops). Small
-    # enough that a large job spreads over every worker instead of waiting in the first one's memory, large
-    # enough to keep several of the biggest batches ready.
+    # Items of one priority a worker holds at most before it stops fetching that queue (high never stops);
+    # below it, a few of its largest batches (LoadedModels.hold_goal), so a job spreads over every worker.
     max_held_items: int = Field(default=4096, ge=1)
     visibility_timeout_s: int = Field(default=30, ge=4)
     # After the broker restarts empty, workers wait this long before ending never-delivered items as lost.

@@ -179,3 +179,14 @@ def test_the_throttle_pauses_at_the_bound_and_resumes_below_half() -> None:
 
 def test_nothing_is_fetched_while_the_store_is_stalled() -> None:
     assert throttle(Holdings(), stalled=3.0)(["q.high", "q.bulk"], 64) == []
+
+
+def test_the_throttle_holds_a_few_batches_of_the_loaded_models_not_the_whole_bound() -> None:
+    # Four workers, one burst of single-item messages: each should take what it will run soon (the goal),
+    # not up to the bound, or the first to fetch keeps most of the burst while the others idle.
+    holdings = Holdings()
+    holdings.hold(call("normal", 1), 1)
+    gate = IntakeThrottle(holdings, 4096, QUEUES, 8, lambda: 0.0, hold_goal=lambda: 256)
+    assert gate(["q.normal"], 1024) == [("q.normal", 255)]
+    capped = IntakeThrottle(holdings, 100, QUEUES, 8, lambda: 0.0, hold_goal=lambda: 256)
+    assert capped(["q.normal"], 1024) == [("q.normal", 99)]  # max_held_items still bounds the goal

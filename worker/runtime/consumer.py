@@ -122,7 +122,12 @@ class BatchingStep(bootsteps.StartStopStep):
         # An eighth of the prefetch window stays free for urgent messages whatever bulk holds.
         reserve = self.settings.prefetch_count // 8
         channel.fetch_gate = IntakeThrottle(
-            engine.holdings, self.settings.max_held_items, throttled, reserve, engine.stalled_s
+            engine.holdings,
+            self.settings.max_held_items,
+            throttled,
+            reserve,
+            engine.stalled_s,
+            engine.models.hold_goal,
         )
 
 

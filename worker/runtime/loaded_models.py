@@ -21,6 +21,10 @@ from worker.settings import BatchingSettings, Settings
 # The lane of items that were running when a worker died: each batch holds one of them, ahead of all else.
 ISOLATED = "isolated"
 ISOLATED_POLICY = LanePolicy(max_batch_size=1, max_wait_s=0.0, rank=-1)
+# A worker holds this many of its largest batches of normal or bulk items; before any model is loaded, as
+# if its batches were FIRST_HOLD items.
+HOLD_BATCHES = 4
+FIRST_HOLD = 64
 
 
 class Stepping(NamedTuple):
@@ -57,6 +61,16 @@ class LoadedModels:
     def steppers(self) -> list[Stepping]:
         # list(): the prepare thread may add a model meanwhile; copying the items is atomic.
         return [Stepping(n, m) for n, m in list(self._loaded.items()) if isinstance(m, StepModel)]
+
+    def hold_goal(self) -> int:
+        """Items of one priority worth holding: a few of the largest normal or bulk batches the loaded models
+        form (the next ones fill while one runs); a batch's worth of the default N before any is loaded."""
+        sizes = [
+            self.policy_for((name, priority)).max_batch_size
+            for name in list(self._loaded)
+            for priority in ("normal", "bulk")
+        ]
+        return HOLD_BATCHES * max(sizes, default=FIRST_HOLD)
 
     def policy_for(self, lane: LaneKey) -> LanePolicy:
         model, priority = lane

@@ -9,6 +9,7 @@ talks to the database.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -21,6 +22,8 @@ from worker.runtime.deliveries import Delivery, Holdings
 log = logging.getLogger(__name__)
 
 TICK_S = 0.005
+# How often the fetch throttle reads its held-items goal again.
+GOAL_REFRESH_S = 1.0
 # Task events published in one message at most (Flower reads such a list as it reads single events).
 EVENTS_PER_MESSAGE = 2048
 
@@ -167,11 +170,15 @@ class LeaseRenewal:
 class IntakeThrottle:
     """How many messages the worker may fetch from each queue now (the transport's fetch gate).
 
-    Priority must hold in the broker too. Normal and bulk stop at ``max_held_items`` held items (resuming
-    below half), and a fetch takes no more of their messages than fits under that, judged by the size of
-    the last message of that priority (one message while none has been seen); they also leave part of the
-    prefetch window free, so an urgent message can always be fetched. High is never throttled. Nothing is
-    fetched while the store is stalled.
+    Priority must hold in the broker too. Normal and bulk stop at their held-items limit (resuming below
+    half), and a fetch takes no more of their messages than fits under it, judged by the size of the last
+    message of that priority (one message while none has been seen); they also leave part of the prefetch
+    window free, so an urgent message can always be fetched. High is never throttled. Nothing is fetched
+    while the store is stalled.
+
+    The limit is ``hold_goal()`` (a few of the largest batches the loaded models form), at most
+    ``max_held_items``: what one worker holds, no other can run, so with several workers each takes only
+    what it will run soon and a burst of messages spreads over all of them.
     """
 
     def __init__(
@@ -181,17 +188,24 @@ class IntakeThrottle:
         priority_of: dict[str, str],
         reserve: int,
         stalled_s: Callable[[], float],
+        hold_goal: Callable[[], int] | None = None,
     ) -> None:
         self._holdings = holdings
+        self._max = max_held_items
         self._limit = max_held_items
         self._priority_of = priority_of  # throttled queue name -> its priority (normal, bulk)
         self._reserve = reserve  # prefetch slots kept for unthrottled (high) messages
         self._stalled_s = stalled_s
+        self._hold_goal = hold_goal
+        self._goal_read = -math.inf
         self._paused: set[str] = set()
 
     def __call__(self, queues: Sequence[str], room: int) -> list[tuple[str, int]]:
         if self._stalled_s() > 0:
             return []
+        if self._hold_goal is not None and time.monotonic() - self._goal_read > GOAL_REFRESH_S:
+            self._goal_read = time.monotonic()  # models load and limits change rarely: a second is fresh
+            self._limit = max(1, min(self._max, self._hold_goal()))
         plan = []
         for queue in queues:
             priority = self._priority_of.get(queue)
