@@ -18,12 +18,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from worker.calls import job_id_of
-from worker.errors import InvalidInput
 from worker.runtime import metrics
 from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal, StoreWork, TokenReport
 from worker.runtime.journal import Journal
 from worker.runtime.outbox import Outbox, Settled
+from worker.runtime.refusals import Refusals
 from worker.runtime.runner import error_text
 from worker.store.db import is_transient
 from worker.store.results import ResultStore
@@ -47,6 +46,7 @@ class Storer:
         self.outbox = outbox
         self.holdings = holdings
         self.journal = journal
+        self.refusals = Refusals(store, outbox, holdings)
         self.work: queue.SimpleQueue[StoreWork | None] = queue.SimpleQueue()
         self._failing_since: float | None = None
         self._stopping = threading.Event()
@@ -112,7 +112,7 @@ class Storer:
         if reports:
             self._record_tokens(reports)
         for refusal in (w for w in group if isinstance(w, Refusal)):
-            self._retrying(partial(self._refuse, refusal))
+            self._retrying(partial(self.refusals.refuse, refusal))
         writes = [w for w in group if isinstance(w, Outcomes)]
         if writes:
             self._retrying(partial(self._commit, writes))
@@ -194,35 +194,6 @@ class Storer:
             "job %s item %d cannot be stored at all (%s); let go", outcome.job_id[:40], outcome.index, reason
         )
 
-    def _refuse(self, refusal: Refusal) -> None:
-        """A message that is not a valid call: its own job (if it names one that does not exist yet) fails."""
-        delivery = refusal.delivery
-        log.warning("message %s refused: %s", delivery.task_id[:80], refusal.error)
-        spec = _refused_job(delivery)
-        if spec is not None:
-            self._fail_new_job(spec, refusal.error, delivery.task_id)
-        self.holdings.acknowledged([delivery])
-        self.outbox.settle(Settled([delivery]))
-        self.outbox.event("task-failed", delivery, exception=refusal.error, traceback="")
-
-    def _fail_new_job(self, spec: JobSpec, error: str, task_id: str) -> None:
-        """Record the refused message's job as failed. A message carries what it likes, and the refusal
-        repeats it: if the database refuses that text (a NUL byte, say), the job is recorded with the text
-        escaped and the model unnamed; if not even that, it is let go. Its message is acknowledged anyway."""
-        plain = JobSpec(spec.job_id, "?", spec.priority, spec.total)
-        for job, text in ((spec, error), (plain, _escaped(error))):
-            try:
-                if not self.store.fail_new_job(job, text):
-                    log.warning(
-                        "job %s already exists: the refused message %s leaves it alone", job.job_id, task_id
-                    )
-                return
-            except Exception as exc:
-                if is_transient(exc):
-                    raise
-                failure = exc
-        log.error("the refused message %s left no trace in the store: %s", task_id[:80], error_text(failure))
-
     def _record_tokens(self, reports: list[TokenReport]) -> None:
         """Running items' token counts, once; best effort, never retried: the next report (about a second
         later) says the same and more, and a result must not wait for one."""
@@ -275,28 +246,6 @@ class Storer:
 def _jobs_of(write: Outcomes, outcomes: Sequence[ItemOutcome]) -> list[JobSpec]:
     ids = {outcome.job_id for outcome in outcomes}
     return [spec for spec in write.jobs if spec.job_id in ids]
-
-
-def _refused_job(delivery: Delivery) -> JobSpec | None:
-    """The job a refused message stands for: the job id it names, else its task id, if either is a job id."""
-    try:
-        kwargs = delivery.message.decode()[1]
-    except Exception:
-        kwargs = {}
-    kwargs = kwargs if isinstance(kwargs, dict) else {}
-    model = kwargs.get("model")
-    model = model[:200] if isinstance(model, str) else "?"
-    for candidate in (kwargs.get("job_id"), delivery.task_id):
-        try:
-            return JobSpec(job_id_of(candidate), model, "normal", 0)
-        except InvalidInput:
-            continue
-    return None
-
-
-def _escaped(text: str) -> str:
-    """``text`` in printable ASCII, control and non-ASCII characters as escapes: any database keeps it."""
-    return text.encode("unicode_escape").decode("ascii")[:2000]
 
 
 def _note_redelivered(stored: int, outcomes: int) -> None:
