@@ -13,6 +13,8 @@ import queue
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
+
 from worker.batching.scheduler import Item
 from worker.calls import InferCall, check_item, item_id, parse_message
 from worker.errors import InvalidInput
@@ -108,7 +110,7 @@ class Intake:
 
     def _parse(self, delivery: Delivery) -> InferCall | None:
         try:
-            args, kwargs, _embed = delivery.message.decode()
+            args, kwargs, _embed = _decoded(delivery.message)
             if args:
                 raise InvalidInput("infer takes keyword arguments only")
             return parse_message(delivery.task_id, kwargs, self.settings)
@@ -199,6 +201,15 @@ class Intake:
             )
         if failed.outcomes:
             self.storer.work.put(failed)
+
+
+def _decoded(message: Any) -> Any:
+    """A JSON message's body read by orjson (kombu's reader is several times slower, and single-item calls
+    come by the thousand); any other content type through kombu, which enforces the accepted ones."""
+    kind = getattr(message, "content_type", None), getattr(message, "content_encoding", None)
+    if kind in (("application/json", "utf-8"), ("application/json", "utf8")):
+        return orjson.loads(message.body)
+    return message.decode()
 
 
 def _safe_id(index: int, item: object) -> str | None:
