@@ -15,6 +15,7 @@ from typing import Any
 from bench import processes, spy
 from bench.processes import WorkerProcess, python_module
 from bench.stack import (
+    Rows,
     Services,
     batch_stats,
     batchwork_worker,
@@ -202,19 +203,7 @@ def measure_calls(
         with spied, processes.CpuMeter(worker) as cpu:
             found = wait_rows(services, system.table, len(items), args.timeout_s)
         _explain_timeout(services, worker, found.count, len(items))
-        drain = found.count / (found.last - ready)
-        table.append(
-            [
-                system.name,
-                "drain",
-                publish_rate,
-                drain,
-                found.commit_rate(),
-                f"{found.last - ready:.2f}",
-                _batches(services, system),
-                *cores(cpu)[1:],
-            ]
-        )
+        drain = _append_row(table, services, system, "drain", publish_rate, found, ready, cpu)
         services.truncate()
         e2e = _calls_end_to_end(args, services, system, items, worker, table)
     finally:
@@ -243,22 +232,29 @@ def _calls_end_to_end(
         published = time.time()
         found = wait_rows(services, system.table, len(items), args.timeout_s)
     _explain_timeout(services, worker, found.count, len(items))
-    e2e = found.count / (found.last - started)
-    table.append(
-        [
-            system.name,
-            "end-to-end",
-            len(items) / (published - started),
-            e2e,
-            found.commit_rate(),
-            f"{found.last - started:.2f}",
-            _batches(services, system),
-            *cores(cpu)[1:],
-        ]
-    )
+    publish_rate = len(items) / (published - started)
+    e2e = _append_row(table, services, system, "end-to-end", publish_rate, found, started, cpu)
     if profiler:
         print_profile(profiler, f"{len(items)} infer.delay calls")
     return e2e
+
+
+def _append_row(
+    table: list[list[object]],
+    services: Services,
+    system: System,
+    phase: str,
+    publish_rate: float,
+    found: Rows,
+    began: float,
+    cpu: processes.CpuMeter,
+) -> float:
+    """Adds a phase's row to the table; its items/s (returned) run from ``began`` to the last row written."""
+    wall_s = found.last - began
+    rate = found.count / wall_s
+    cells = [publish_rate, rate, found.commit_rate(), f"{wall_s:.2f}", _batches(services, system)]
+    table.append([system.name, phase, *cells, *cores(cpu)[1:]])
+    return rate
 
 
 def _explain_timeout(services: Services, worker: WorkerProcess, stored: int, total: int) -> None:
