@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from sqlalchemy import text
 
 from bench import processes
-from bench.pipeline import Services, batchwork_worker, print_table, ratio, services, wait_rows
+from bench.stack import Services, batchwork_worker, print_table, ratio, services, wait_rows
 
 WORKER_COUNTS = (1, 2, 4)
 
