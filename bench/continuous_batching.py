@@ -18,13 +18,13 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from worker.batching.sequences import pages_for
+from worker.batching.sequences import Generation, pages_for
+from worker.models.batched_runs import Request, WallClock, run_continuous, run_static
 from worker.models.gpt2.inputs import Prompt
 from worker.models.gpt2.model import GPT2, PAGE_TOKENS
 from worker.models.gpt2.network import length_groups
@@ -54,63 +54,30 @@ class ModelShape:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    index: int
-    arrival_s: float  # offset from the run's start
-    prompt: Prompt
+# A request with its arrival time, as the drivers of worker.models.batched_runs take it. A type only: build
+# one with Request(...), since a frozen slotted dataclass cannot be called through its subscripted alias.
+Arrival = Request[Prompt]
 
 
 @dataclass
 class Run:
-    """One policy's outcome: per request its finish offset and tokens; per step its batch, wall time and
-    the cache it read (``kv_read``: each decoding row padded to the longest of its length group, as
-    GPT2Network.decode gathers it; ``kv_used``: the rows' own lengths)."""
+    """One policy's outcome: per request its admission and finish offsets and tokens; per step its batch,
+    wall time and the cache it read (``kv_read``: each decoding row padded to the longest of its length
+    group, as GPT2Network.decode gathers it; ``kv_used``: the rows' own lengths)."""
 
     policy: str
-    admit_s: dict[int, float] = field(default_factory=dict)
-    finish_s: dict[int, float] = field(default_factory=dict)
-    tokens: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    reasons: dict[int, str | None] = field(default_factory=dict)
+    admit_s: dict[Hashable, float] = field(default_factory=dict)
+    finish_s: dict[Hashable, float] = field(default_factory=dict)
+    tokens: dict[Hashable, tuple[int, ...]] = field(default_factory=dict)
+    reasons: dict[Hashable, str | None] = field(default_factory=dict)
     step_batches: list[int] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
     kv_read: int = 0
     kv_used: int = 0
     preemptions: int = 0
-    # Context tokens of each admitted sequence: prompt only until its prefill step, then + generated.
-    _joining: dict[int, int] = field(default_factory=dict)
-    _decoding: dict[int, int] = field(default_factory=dict)
-
-    def admit(self, engine: GPT2, arrival: Arrival, started: float) -> None:
-        engine.admit(arrival.index, arrival.prompt)
-        self.admit_s[arrival.index] = time.monotonic() - started
-        self._joining[arrival.index] = len(arrival.prompt.token_ids)
-
-    def step(self, engine: GPT2, started: float) -> None:
-        # Context lengths follow from the step count alone since no policy here is ever preempted
-        # (the KV budget holds every slot's worst case; the output prints the preemption count).
-        contexts = list(self._decoding.values())
-        if contexts:
-            # As GPT2Network.decode reads them: each row padded to the longest of its length group.
-            for group in length_groups([tokens - 1 for tokens in contexts]):
-                rows = contexts if group is None else [contexts[row] for row in group]
-                self.kv_read += len(rows) * max(rows)
-            self.kv_used += sum(contexts)
-        self.step_batches.append(engine.running())
-        before = time.monotonic()
-        generations = engine.advance()
-        self.step_s.append(time.monotonic() - before)
-        now = time.monotonic() - started
-        self._decoding = {key: tokens + 1 for key, tokens in (self._decoding | self._joining).items()}
-        self._joining = {}
-        for generation in generations:
-            self._decoding.pop(generation.key)
-            self.finish_s[generation.key] = now
-            self.tokens[generation.key] = generation.token_ids
-            self.reasons[generation.key] = generation.error or generation.finish_reason
 
     def latencies_s(self, arrivals: Sequence[Arrival]) -> list[float]:
-        return [self.finish_s[a.index] - a.arrival_s for a in arrivals]
+        return [self.finish_s[a.key] - a.arrival_s for a in arrivals]
 
     def makespan_s(self) -> float:
         return max(self.finish_s.values())
@@ -120,6 +87,95 @@ class Run:
 
     def tokens_per_s(self) -> float:
         return self.generated() / self.makespan_s()
+
+
+class Recorded:
+    """The engine as a driver sees it, recording each admission and each step into a Run. A step is
+    ``GPT2.advance``, so the run keeps every request's token ids, not only its text."""
+
+    def __init__(self, engine: GPT2, run: Run) -> None:
+        self.engine, self.run = engine, run
+        self.max_running = engine.max_running
+        self.clock = WallClock()  # the run starts now; the driver is handed this clock
+        self._preempted = engine.preemptions
+        # Context tokens of each admitted sequence: prompt only until its prefill step, then + generated.
+        self._joining: dict[Hashable, int] = {}
+        self._decoding: dict[Hashable, int] = {}
+
+    def can_admit(self, length: int) -> bool:
+        return self.engine.can_admit(length)
+
+    def running(self) -> int:
+        return self.engine.running()
+
+    def admit(self, key: Hashable, payload: Prompt) -> None:
+        self.engine.admit(key, payload)
+        self.run.admit_s[key] = self.clock.now_s()
+        self._joining[key] = len(payload.token_ids)
+
+    def step(self) -> list[Generation]:
+        run = self.run
+        # Context lengths follow from the step count alone since no policy here is ever preempted
+        # (the KV budget holds every slot's worst case; the output prints the preemption count).
+        contexts = list(self._decoding.values())
+        if contexts:
+            # As GPT2Network.decode reads them: each row padded to the longest of its length group.
+            for group in length_groups([tokens - 1 for tokens in contexts]):
+                rows = contexts if group is None else [contexts[row] for row in group]
+                run.kv_read += len(rows) * max(rows)
+            run.kv_used += sum(contexts)
+        run.step_batches.append(self.engine.running())
+        before = time.monotonic()
+        generations = self.engine.advance()
+        run.step_s.append(time.monotonic() - before)
+        now = self.clock.now_s()
+        self._decoding = {key: tokens + 1 for key, tokens in (self._decoding | self._joining).items()}
+        self._joining = {}
+        for generation in generations:
+            self._decoding.pop(generation.key)
+            run.finish_s[generation.key] = now
+            run.tokens[generation.key] = generation.token_ids
+            run.reasons[generation.key] = generation.error or generation.finish_reason
+        return generations
+
+    def finished(self) -> Run:
+        self.run.preemptions = self.engine.preemptions - self._preempted
+        return self.run
+
+
+class FixedShape(Recorded):
+    """Our engine run as a fixed-shape batch (generate's): a static batch is admitted whole at its first
+    step, every row asking for the batch's largest max_new_tokens, so none leaves before the batch ends;
+    each keeps its own first max_new_tokens and is answered when the batch ends. Only for run_static, which
+    asks ``can_admit`` while the engine is idle and before the batch is admitted: the KV budget holds every
+    slot's worst case (load_engine), so the batch size alone limits a batch."""
+
+    def __init__(self, engine: GPT2, run: Run) -> None:
+        super().__init__(engine, run)
+        self._taken: list[tuple[Hashable, Prompt]] = []
+        self._asked: dict[Hashable, int] = {}  # the batch in flight: each row's own max_new_tokens
+
+    def running(self) -> int:
+        return self.engine.running() + len(self._taken)
+
+    def admit(self, key: Hashable, payload: Prompt) -> None:
+        self._taken.append((key, payload))
+
+    def step(self) -> list[Generation]:
+        if self._taken:
+            steps = max(prompt.max_new_tokens for _, prompt in self._taken)
+            for key, prompt in self._taken:
+                self._asked[key] = prompt.max_new_tokens
+                super().admit(key, replace(prompt, max_new_tokens=steps))
+            self._taken = []
+        generations = super().step()
+        if not self.engine.running():
+            now = self.clock.now_s()
+            for key, asked in self._asked.items():
+                self.run.finish_s[key] = now
+                self.run.tokens[key] = self.run.tokens[key][:asked]
+            self._asked = {}
+        return generations
 
 
 # -- the checkpoint --------------------------------------------------------------------------------
@@ -200,82 +256,103 @@ def workload(count: int, vocab: int, eos: int, seed: int) -> list[Prompt]:
 
 
 def steady(prompts: Sequence[Prompt], interval_s: float) -> list[Arrival]:
-    return [Arrival(i, i * interval_s, prompt) for i, prompt in enumerate(prompts)]
+    return [Request(i, prompt, prompt.kv_tokens, i * interval_s) for i, prompt in enumerate(prompts)]
 
 
-# -- the three policies ----------------------------------------------------------------------------
+# -- the policies: worker.models.batched_runs's two drivers, recorded ------------------------------
 
 
-def wait_until(started: float, offset_s: float) -> None:
-    delay = started + offset_s - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
-
-
-def run_continuous(engine: GPT2, arrivals: Sequence[Arrival]) -> Run:
+def measure_continuous(engine: GPT2, arrivals: Sequence[Arrival]) -> Run:
     """Before every step, admit whatever has arrived while ``can_admit`` allows; a finished one leaves."""
-    run, queued, preempted = Run("continuous"), deque(arrivals), engine.preemptions
-    started = time.monotonic()
-    while queued or engine.running():
-        if not engine.running():
-            wait_until(started, queued[0].arrival_s)
-        now = time.monotonic() - started
-        while queued and queued[0].arrival_s <= now and engine.can_admit(queued[0].prompt.kv_tokens):
-            run.admit(engine, queued.popleft(), started)
-        run.step(engine, started)
-    run.preemptions = engine.preemptions - preempted
-    return run
+    recorded = Recorded(engine, Run("continuous"))
+    run_continuous(recorded, arrivals, recorded.clock)
+    return recorded.finished()
 
 
-def next_static_batch(queued: deque[Arrival], batch_size: int, started: float) -> tuple[float, list[Arrival]]:
-    """A static batcher's next batch, once it is free: what has arrived (at least the next arrival,
-    waited for), up to ``batch_size``; and the offset it was taken at."""
-    wait_until(started, queued[0].arrival_s)
-    now, batch = time.monotonic() - started, []
-    while queued and len(batch) < batch_size and queued[0].arrival_s <= now:
-        batch.append(queued.popleft())
-    return now, batch
+def measure_static(engine: GPT2, arrivals: Sequence[Arrival], batch_size: int, policy: str) -> Run:
+    """When the engine is free, take what has arrived (up to ``batch_size``; else wait for the next
+    arrival) and run that batch to its end with no admissions; ``batch_size=1`` is one at a time. A
+    finished row leaves the batch and costs nothing more."""
+    recorded = Recorded(engine, Run(policy))
+    run_static(recorded, arrivals, batch_size, recorded.clock)
+    return recorded.finished()
 
 
-def run_generate_static(checkpoint: Path, arrivals: Sequence[Arrival], batch_size: int) -> Run:
+def measure_fixed(engine: GPT2, arrivals: Sequence[Arrival], batch_size: int) -> Run:
+    """``measure_static``, but a finished row keeps its place, as in a fixed-shape batch (see FixedShape)."""
+    recorded = FixedShape(engine, Run("static, fixed"))
+    run_static(recorded, arrivals, batch_size, recorded.clock)
+    return recorded.finished()
+
+
+def measure_generate(checkpoint: Path, arrivals: Sequence[Arrival], batch_size: int) -> Run:
     """Static batching as a server does it that hands each batch to transformers' ``generate`` (Ray
     Serve's @serve.batch, TorchServe or Triton's dynamic batcher in front of it): when free, take what has
     arrived (up to ``batch_size``), left-pad it, and generate to the batch's largest max_new_tokens, every
     row computed until then; each request keeps its own first max_new_tokens and is answered when the
-    batch returns. Unlike ``run_static`` a finished row keeps its place in the batch."""
+    batch returns. Unlike ``measure_static`` a finished row keeps its place in the batch."""
     import torch
     from transformers import GPT2LMHeadModel
 
     model = GPT2LMHeadModel.from_pretrained(str(checkpoint), local_files_only=True).eval()
-    pad = model.config.eos_token_id
     with torch.inference_mode():
-        generate_batch(model, arrivals[:batch_size], 8, pad)  # warm-up, untimed
-    run, queued = Run("static, generate"), deque(arrivals)
-    started = time.monotonic()
-    while queued:
-        now, batch = next_static_batch(queued, batch_size, started)
-        run.admit_s.update((arrival.index, now) for arrival in batch)
-        steps = max(arrival.prompt.max_new_tokens for arrival in batch)
+        generate_batch(model, [a.payload for a in arrivals[:batch_size]], 8)  # warm-up, untimed
+    batches = GenerateBatches(model, batch_size, Run("static, generate"))
+    run_static(batches, arrivals, batch_size, batches.clock)
+    return batches.run
+
+
+class GenerateBatches:
+    """transformers' generate as run_static drives a model: a batch is admitted whole, and its one step
+    generates every row to the batch's largest max_new_tokens (recorded as that many steps of equal
+    time)."""
+
+    def __init__(self, model: Any, max_running: int, run: Run) -> None:
+        self.model, self.max_running, self.run = model, max_running, run
+        self.clock = WallClock()
+        self._batch: list[tuple[Hashable, Prompt]] = []
+
+    def can_admit(self, length: int) -> bool:
+        return True  # run_static's batch_size is the only limit
+
+    def running(self) -> int:
+        return len(self._batch)
+
+    def admit(self, key: Hashable, payload: Prompt) -> None:
+        self._batch.append((key, payload))
+        self.run.admit_s[key] = self.clock.now_s()
+
+    def step(self) -> list[Generation]:
+        import torch
+
+        prompts = [prompt for _, prompt in self._batch]
+        steps = max(prompt.max_new_tokens for prompt in prompts)
         before = time.monotonic()
         with torch.inference_mode():
-            generated = generate_batch(model, batch, steps, pad)
-        elapsed, finished = time.monotonic() - before, time.monotonic() - started
-        run.step_batches += [len(batch)] * steps
-        run.step_s += [elapsed / steps] * steps
-        for arrival, tokens in zip(batch, generated, strict=True):
-            run.finish_s[arrival.index] = finished
-            run.tokens[arrival.index] = tokens[: arrival.prompt.max_new_tokens]
-            run.reasons[arrival.index] = "length"
-    return run
+            generated = generate_batch(self.model, prompts, steps)
+        elapsed, finished = time.monotonic() - before, self.clock.now_s()
+        self.run.step_batches += [len(prompts)] * steps
+        self.run.step_s += [elapsed / steps] * steps
+        done = [
+            Generation(key, tokens[: prompt.max_new_tokens], "length")
+            for (key, prompt), tokens in zip(self._batch, generated, strict=True)
+        ]
+        for generation in done:
+            self.run.finish_s[generation.key] = finished
+            self.run.tokens[generation.key] = generation.token_ids
+            self.run.reasons[generation.key] = generation.finish_reason
+        self._batch = []
+        return done
 
 
-def generate_batch(model: Any, batch: Sequence[Arrival], steps: int, pad: int) -> list[tuple[int, ...]]:
-    """transformers' greedy generate of ``steps`` tokens for each of the batch's prompts, left-padded:
+def generate_batch(model: Any, prompts: Sequence[Prompt], steps: int) -> list[tuple[int, ...]]:
+    """transformers' greedy generate of ``steps`` tokens for each of the prompts, left-padded with EOS:
     each row's new token ids."""
     import torch
 
-    longest = max(len(arrival.prompt.token_ids) for arrival in batch)
-    rows = [(longest - len(a.prompt.token_ids), a.prompt.token_ids) for a in batch]
+    pad = model.config.eos_token_id
+    longest = max(len(prompt.token_ids) for prompt in prompts)
+    rows = [(longest - len(prompt.token_ids), prompt.token_ids) for prompt in prompts]
     ids = torch.tensor([[pad] * padding + list(tokens) for padding, tokens in rows])
     mask = torch.tensor([[0] * padding + [1] * len(tokens) for padding, tokens in rows])
     out = model.generate(
@@ -287,35 +364,6 @@ def generate_batch(model: Any, batch: Sequence[Arrival], steps: int, pad: int) -
         pad_token_id=pad,
     )
     return [tuple(row[longest:].tolist()) for row in out]
-
-
-def run_static(
-    engine: GPT2, arrivals: Sequence[Arrival], batch_size: int, policy: str, *, fixed: bool = False
-) -> Run:
-    """When the engine is free, take what has arrived (up to ``batch_size``; else wait for the next
-    arrival) and run that batch to its end with no admissions; ``batch_size=1`` is one at a time.
-
-    A finished row leaves the batch and costs nothing more; with ``fixed`` it keeps its place, as in a
-    fixed-shape batch tensor (generate's): every row runs to the batch's largest max_new_tokens, keeps
-    its own first max_new_tokens, and is answered when the batch ends.
-    """
-    run, queued, preempted = Run(policy), deque(arrivals), engine.preemptions
-    started = time.monotonic()
-    while queued:
-        _, batch = next_static_batch(queued, batch_size, started)
-        steps = max(arrival.prompt.max_new_tokens for arrival in batch)
-        for arrival in batch:
-            # Fixed: each row asks for the batch's longest, so none leaves before the batch ends.
-            longest = replace(arrival.prompt, max_new_tokens=steps)
-            run.admit(engine, replace(arrival, prompt=longest) if fixed else arrival, started)
-        while engine.running():
-            run.step(engine, started)
-        if fixed:
-            for arrival in batch:
-                run.finish_s[arrival.index] = time.monotonic() - started
-                run.tokens[arrival.index] = run.tokens[arrival.index][: arrival.prompt.max_new_tokens]
-    run.preemptions = engine.preemptions - preempted
-    return run
 
 
 # -- step cost -------------------------------------------------------------------------------------
@@ -447,16 +495,14 @@ def _verdict(met: bool) -> str:
 
 def print_agreement(runs: Sequence[Run], arrivals: Sequence[Arrival]) -> None:
     reference = runs[0]
-    differing = [
-        a.index for a in arrivals if any(run.tokens[a.index] != reference.tokens[a.index] for run in runs)
-    ]
+    differing = [a.key for a in arrivals if any(run.tokens[a.key] != reference.tokens[a.key] for run in runs)]
     names = ", ".join(run.policy for run in runs)
     same = len(arrivals) - len(differing)
     print(f"greedy token ids identical across {names}: {same}/{len(arrivals)} requests")
     for index in differing[:5]:
         first = min(_first_difference(run.tokens[index], reference.tokens[index]) for run in runs)
         print(f"  request {index} differs from token {first} on")
-    reasons = [run.reasons[a.index] for run in runs for a in arrivals]
+    reasons = [run.reasons[a.key] for run in runs for a in arrivals]
     counts = {str(reason): reasons.count(reason) for reason in set(reasons)}
     print(f"finish reasons over all runs: {counts}; KV-cache preemptions: {sum(r.preemptions for r in runs)}")
 
@@ -507,11 +553,11 @@ def print_latency_why(continuous: Run, static: Run, arrivals: Sequence[Arrival])
     """Latency = queueing (arrival to admission) + running (admission to finish), at p50 and at the tail."""
     parts = []
     for run in (continuous, static):
-        by_latency = sorted(arrivals, key=lambda a: run.finish_s[a.index] - a.arrival_s)
+        by_latency = sorted(arrivals, key=lambda a: run.finish_s[a.key] - a.arrival_s)
         tail = by_latency[-max(2, len(arrivals) // 50) :]  # the slowest 2%, about what p99 reads
         parts.append(
             f"{run.policy} p50 {_split(run, [by_latency[len(by_latency) // 2]])}, slowest {len(tail)} "
-            f"{_split(run, tail)} ({statistics.fmean(a.prompt.max_new_tokens for a in tail):.0f} tokens)"
+            f"{_split(run, tail)} ({statistics.fmean(a.payload.max_new_tokens for a in tail):.0f} tokens)"
         )
     print(f"  latency = queued + running: {'; '.join(parts)}")
     print(
@@ -521,8 +567,8 @@ def print_latency_why(continuous: Run, static: Run, arrivals: Sequence[Arrival])
 
 
 def _split(run: Run, arrivals: Sequence[Arrival]) -> str:
-    queued = statistics.fmean(run.admit_s[a.index] - a.arrival_s for a in arrivals)
-    running = statistics.fmean(run.finish_s[a.index] - run.admit_s[a.index] for a in arrivals)
+    queued = statistics.fmean(run.admit_s[a.key] - a.arrival_s for a in arrivals)
+    running = statistics.fmean(run.finish_s[a.key] - run.admit_s[a.key] for a in arrivals)
     return f"{queued:.2f} + {running:.2f} s"
 
 
@@ -581,15 +627,15 @@ def print_sweep(
     for load in loads:
         interval = interval_for(prompts, load, costs)
         arrivals = steady(prompts, interval)
-        continuous = run_continuous(engine, arrivals)
-        static = run_static(engine, arrivals, engine.max_running, "static")
-        p99s = [percentile(run.latencies_s(arrivals), 99) for run in (continuous, static)]
+        cont = measure_continuous(engine, arrivals)
+        stat = measure_static(engine, arrivals, engine.max_running, "static")
+        p99s = [percentile(run.latencies_s(arrivals), 99) for run in (cont, stat)]
         cells = [
             f"{load:.2f}",
             f"{interval * 1e3:.1f}",
-            f"{continuous.tokens_per_s():.0f}",
-            f"{static.tokens_per_s():.0f}",
-            f"{continuous.tokens_per_s() / static.tokens_per_s():.2f}x",
+            f"{cont.tokens_per_s():.0f}",
+            f"{stat.tokens_per_s():.0f}",
+            f"{cont.tokens_per_s() / stat.tokens_per_s():.2f}x",
             f"{p99s[0]:.2f}",
             f"{p99s[1]:.2f}",
             f"{p99s[0] / p99s[1]:.2f}x",
@@ -646,16 +692,16 @@ def main() -> None:
     arrivals = steady(prompts, interval)
     describe_workload(prompts, arrivals, costs)
     runs = [
-        run_continuous(engine, arrivals),
-        run_static(engine, arrivals, args.max_batch, "static"),
-        run_static(engine, arrivals, 1, "one at a time"),
+        measure_continuous(engine, arrivals),
+        measure_static(engine, arrivals, args.max_batch, "static"),
+        measure_static(engine, arrivals, 1, "one at a time"),
     ]
-    fixed = run_static(engine, arrivals, args.max_batch, "static, fixed", fixed=True)
-    generate = run_generate_static(checkpoint, arrivals, args.max_batch)
+    fixed = measure_fixed(engine, arrivals, args.max_batch)
+    generate = measure_generate(checkpoint, arrivals, args.max_batch)
     print_runs([*runs, fixed, generate], arrivals)
     print_ratios(runs[0], [runs[1], fixed, generate], arrivals)
     print_agreement([*runs, fixed], arrivals)
-    same = sum(generate.tokens[a.index] == runs[0].tokens[a.index] for a in arrivals)
+    same = sum(generate.tokens[a.key] == runs[0].tokens[a.key] for a in arrivals)
     print(f"transformers' generate over left-padded batches gave the same ids for {same}/{len(arrivals)}")
     print_why(runs, arrivals, costs)
     if args.sweep:

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, GPT2LMHeadModel
 from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos, with_pytorch_bin  # noqa: F401
 from worker.batching.sequences import Generation
 from worker.errors import InvalidInput
+from worker.models.batched_runs import Request, run_continuous, run_static
 from worker.models.device import resolve_device
 from worker.models.gpt2 import GPT2
 from worker.models.gpt2.inputs import Prompt
@@ -57,6 +58,11 @@ def engine(checkpoint: Path, cls: type[GPT2] = GPT2, kv_budget_tokens: int = 16_
 def payloads(model: GPT2, items: Sequence[object]) -> list[Prompt]:
     checked = [model.validate(index, item, model.settings) for index, item in enumerate(items)]
     return [prepared.payload for prepared in model.prepare(checked)]
+
+
+def in_order(prompts: Sequence[Prompt]) -> list[Request[Prompt]]:
+    """The prompts as requests keyed by their index, all there from the start."""
+    return [Request(index, prompt, prompt.kv_tokens) for index, prompt in enumerate(prompts)]
 
 
 def greedy_items() -> list[dict]:
@@ -127,7 +133,7 @@ def test_outputs_are_text_token_count_and_reason(tiny_gpt2_eos: Path) -> None:  
     model = engine(tiny_gpt2_eos)
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_gpt2_eos), local_files_only=True)
     eos = json.loads((tiny_gpt2_eos / "config.json").read_text())["eos_token_id"]
-    outputs = model.run_continuous(payloads(model, greedy_items()))
+    outputs = run_continuous(model, in_order(payloads(model, greedy_items())))
     for finished, ids, (_, n, _) in zip(
         outputs, reference_ids(tiny_gpt2_eos, greedy_items()), CASES, strict=True
     ):
@@ -147,10 +153,10 @@ def test_preemption_changes_no_output(tiny_gpt2: Path, kv_budget_tokens: int) ->
     # the sampled ones must resume with their generator where it was.
     items = [{**item, "max_new_tokens": 40} for item in greedy_items() + SAMPLED]
     roomy = engine(tiny_gpt2)
-    expected = roomy.run_continuous(payloads(roomy, items))
+    expected = run_continuous(roomy, in_order(payloads(roomy, items)))
     # Either budget holds the largest sequence (70 tokens) alone, but not all that run side by side.
     tight = engine(tiny_gpt2, kv_budget_tokens=kv_budget_tokens)
-    assert tight.run_continuous(payloads(tight, items)) == expected
+    assert run_continuous(tight, in_order(payloads(tight, items))) == expected
     assert all(finished.error is None for finished in expected)
     assert roomy.preemptions == 0
     assert tight.preemptions > 0
@@ -180,20 +186,20 @@ def test_progress_counts_every_sequence_through_preemption(tiny_gpt2: Path) -> N
 
 def test_static_and_one_at_a_time_give_the_continuous_outputs(tiny_gpt2: Path) -> None:  # noqa: F811
     model = engine(tiny_gpt2, FourSlots)
-    prompts = payloads(model, greedy_items() + SAMPLED)
-    continuous = model.run_continuous(prompts)
-    assert model.run_static(prompts) == continuous
-    assert model.run_static(prompts, batch_size=1) == continuous
+    requests = in_order(payloads(model, greedy_items() + SAMPLED))
+    continuous = run_continuous(model, requests)
+    assert run_static(model, requests) == continuous
+    assert run_static(model, requests, batch_size=1) == continuous
 
 
 def test_a_seed_gives_the_same_text_alone_or_in_company(tiny_gpt2: Path) -> None:  # noqa: F811
     model = engine(tiny_gpt2)
     seeded = SAMPLED[0]
-    alone = model.run_continuous(payloads(model, [seeded]))[0]
+    alone = run_continuous(model, in_order(payloads(model, [seeded])))[0]
     company = [*greedy_items(), seeded, *SAMPLED[1:], {**seeded, "prompt": "The cache"}]
-    together = model.run_continuous(payloads(model, company))
+    together = run_continuous(model, in_order(payloads(model, company)))
     assert together[len(CASES)].output == alone.output
-    other_seed = model.run_continuous(payloads(model, [{**seeded, "seed": 8}]))[0]
+    other_seed = run_continuous(model, in_order(payloads(model, [{**seeded, "seed": 8}])))[0]
     assert other_seed.output["text"] != alone.output["text"]
 
 
@@ -209,7 +215,7 @@ def test_a_prompt_too_long_fails_alone(tiny_gpt2: Path) -> None:  # noqa: F811
     errors = [prompt.error for prompt in prompts]
     assert errors[0] is None
     assert errors[1] is not None and "over the model's context of 128 tokens" in errors[1]
-    outputs = model.run_continuous(prompts)
+    outputs = run_continuous(model, in_order(prompts))
     assert outputs[0].error is None and outputs[0].output["tokens"] == 3
     assert outputs[1].error == errors[1]
 
@@ -217,8 +223,8 @@ def test_a_prompt_too_long_fails_alone(tiny_gpt2: Path) -> None:  # noqa: F811
 def test_pytorch_model_bin_loads_the_same(tiny_gpt2: Path, tmp_path: Path) -> None:  # noqa: F811
     from_bin = engine(with_pytorch_bin(tiny_gpt2, tmp_path))
     from_safetensors = engine(tiny_gpt2)
-    assert from_bin.run_continuous(payloads(from_bin, greedy_items())) == from_safetensors.run_continuous(
-        payloads(from_safetensors, greedy_items())
+    assert run_continuous(from_bin, in_order(payloads(from_bin, greedy_items()))) == run_continuous(
+        from_safetensors, in_order(payloads(from_safetensors, greedy_items()))
     )
 
 

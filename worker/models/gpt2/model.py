@@ -8,7 +8,6 @@ the newest running sequences are preempted and later resume by recomputing their
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -219,33 +218,6 @@ class GPT2(StepModel):
         text = _loaded(self._decoder, "step").decode(list(text_ids), skip_special_tokens=True)
         output = {"text": text, "tokens": len(ids), "finish_reason": generation.finish_reason}
         return Finished(generation.key, output, tokens=len(ids))
-
-    # -- whole runs, for benchmarks: the same engine batched three ways ------------------------
-
-    def run_continuous(self, payloads: Sequence[Prompt]) -> list[Finished]:
-        """Continuous batching: admit whenever ``can_admit`` allows, between every two steps."""
-        queued = deque(enumerate(payloads))
-        results: dict[Any, Finished] = {}
-        while queued or self.running():
-            while queued and self.can_admit(queued[0][1].kv_tokens):
-                self.admit(*queued.popleft())
-            results.update((done.key, done) for done in self.step())
-        return [results[index] for index in range(len(payloads))]
-
-    def run_static(self, payloads: Sequence[Prompt], batch_size: int | None = None) -> list[Finished]:
-        """Static batching: admit a batch (``batch_size``, default max_running, as far as the cache allows),
-        step until all of it has finished, then the next; ``batch_size=1`` runs one sequence at a time."""
-        size = batch_size or self.max_running
-        results: dict[Any, Finished] = {}
-        queued = deque(enumerate(payloads))
-        while queued:
-            batch = 0
-            while queued and batch < size and self.can_admit(queued[0][1].kv_tokens):
-                self.admit(*queued.popleft())
-                batch += 1
-            while self.running():
-                results.update((done.key, done) for done in self.step())
-        return [results[index] for index in range(len(payloads))]
 
 
 def checkpoint_dir(setting: str | None) -> Path:
