@@ -17,6 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+from kombu.serialization import registry
+
 from worker.runtime.deliveries import Delivery, Holdings
 
 log = logging.getLogger(__name__)
@@ -26,6 +29,24 @@ TICK_S = 0.005
 GOAL_REFRESH_S = 1.0
 # Task events published in one message at most (Flower reads such a list as it reads single events).
 EVENTS_PER_MESSAGE = 2048
+EVENT_SERIALIZER = "batchwork-events"
+
+
+def _register_event_serializer() -> None:
+    """Task events are plain JSON, three per message; kombu's json writer was a tenth of a busy worker's
+    time. orjson writes the same JSON, and a receiver (Flower) reads it as any application/json message.
+    Encoder only: reading application/json stays kombu's, and so does the name replies are sent under."""
+    json_name = registry.type_to_name.get("application/json")
+    registry.register(EVENT_SERIALIZER, _event_json, None, "application/json", "utf-8")
+    if json_name is not None:
+        registry.type_to_name["application/json"] = json_name
+
+
+def _event_json(value: Any) -> str:
+    return orjson.dumps(value, default=str).decode()
+
+
+_register_event_serializer()
 
 
 @dataclass
@@ -120,6 +141,7 @@ class Outbox:
         # Celery's dispatcher buffers task events while an event loop runs and publishes them as one
         # "task.multi" message per turn of the loop, or per 24 events; a tick's worth is one message.
         dispatcher.buffer_limit = max(dispatcher.buffer_limit, EVENTS_PER_MESSAGE)
+        dispatcher.serializer = EVENT_SERIALIZER
         for kind, delivery, fields in events:
             try:
                 dispatcher.send(kind, uuid=delivery.task_id, **fields)
