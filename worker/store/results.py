@@ -168,7 +168,7 @@ class ResultStore:
         specs: dict[str, JobSpec] = {}
         for _, outcomes, jobs in batches:
             mine = {spec.job_id: spec for spec in jobs}
-            _check_specs(outcomes, mine)
+            rows.check_specs(outcomes, mine)
             specs.update(mine)
         now = _utcnow()
         counts: list[int] = []
@@ -294,9 +294,3 @@ class ResultStore:
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def _check_specs(outcomes: Sequence[ItemOutcome], specs: dict[str, JobSpec]) -> None:
-    missing = {outcome.job_id for outcome in outcomes} - specs.keys()
-    if missing:
-        raise ValueError(f"write_batch got outcomes of job(s) {sorted(missing)} without a JobSpec for them")

@@ -137,3 +137,9 @@ def batch_record(row: Row[Any]) -> BatchRecord:
     values = dict(row._mapping)
     del values["id"]
     return BatchRecord(**values)
+
+
+def check_specs(outcomes: Sequence[ItemOutcome], specs: dict[str, JobSpec]) -> None:
+    missing = {outcome.job_id for outcome in outcomes} - specs.keys()
+    if missing:
+        raise ValueError(f"write_batch got outcomes of job(s) {sorted(missing)} without a JobSpec for them")
