@@ -45,13 +45,12 @@ class NdjsonSpool:
         self._partial = lines.pop()
         if len(self._partial) > self._max_line_bytes:
             raise InvalidInput(f"line {self._line + len(lines) + 1}: over {self._max_line_bytes} bytes")
-        for raw in lines:
-            self._take(raw)
+        self._take(lines)
 
     def finish(self) -> int:
         """The body has ended: check what is left; returns the number of items."""
         if self._partial:
-            self._take(self._partial)
+            self._take([self._partial])
             self._partial = b""
         self._check_chunk()
         if self.total == 0:
@@ -63,20 +62,28 @@ class NdjsonSpool:
         self._file.seek(0)
         size = self.settings.submit_chunk_size
         for offset in range(0, self.total, size):
-            items = [orjson.loads(line) for line in islice(self._file, size)]
+            items = list(map(orjson.loads, islice(self._file, size)))
             yield InferCall(job_id, self.model, items, self.priority, offset, self.total, expires_at)
 
-    def _take(self, raw: bytes) -> None:
-        self._line += 1
-        if not raw.strip():
-            return
+    def _take(self, lines: list[bytes]) -> None:
+        """Parse whole lines, a chunk in C calls (a body has a line per item); blank lines are skipped."""
+        first = self._line + 1
+        self._line += len(lines)
+        raws = [raw for raw in lines if raw.strip()]
+        numbers = range(first, first + len(lines))
+        if len(raws) < len(lines):
+            numbers = [n for n, raw in zip(numbers, lines, strict=True) if raw.strip()]  # type: ignore[assignment]
         try:
-            item = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"line {self._line}: not valid JSON ({exc})") from None
-        self._items.append(item)
-        self._raws.append(raw)
-        self._lines.append(self._line)
+            self._items += map(orjson.loads, raws)
+        except orjson.JSONDecodeError:
+            for number, raw in zip(numbers, raws, strict=True):  # which line: a rare path
+                try:
+                    orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    raise InvalidInput(f"line {number}: not valid JSON ({exc})") from None
+            raise
+        self._raws += raws
+        self._lines += numbers
         if len(self._items) >= self.settings.submit_chunk_size:
             self._check_chunk()
 
