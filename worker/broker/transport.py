@@ -203,9 +203,8 @@ class Transport(kombu_redis.Transport):
 
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
         super().register_with_event_loop(connection, loop)
-        if not isinstance(
-            loop.fire_timers, partial
-        ):  # Celery builds the loop after this, reading this attribute
+        # Celery builds its loop after this, from this attribute; a reconnect registers again.
+        if not isinstance(loop.fire_timers, partial):
             loop.fire_timers = partial(loop.fire_timers, min_delay=HUB_MIN_DELAY_S)
         fetcher = getattr(self, "_fetcher", None)
         if fetcher is not None:
