@@ -30,7 +30,11 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--items", type=int, default=1500)
     parser.add_argument("--reps", type=int, default=3, help="counted rounds (one warm-up round)")
-    parser.add_argument("--precisions", default="fp32,bf16", help="batchwork's precisions to compare")
+    parser.add_argument(
+        "--precisions",
+        default="fp32,bf16,int8",
+        help="batchwork's precisions to compare (where the device runs them)",
+    )
     parser.add_argument("--seed", type=int, default=5)
     return parser.parse_args()
 
@@ -61,7 +65,7 @@ def main() -> None:
     encode = [sys.executable, "-m", "bench.st_encode", str(corpus_path), str(work / "st.jsonl")]
     print(f"{args.items} texts of 5-40 words; {args.reps} counted rounds after one warm-up; cwd {work}")
     print(f"{'precision':>10} {'run s':>8} {'encode s':>9} {'encode/run':>11} {'min cosine':>11}")
-    precisions = args.precisions.split(",")
+    precisions = [p for p in args.precisions.split(",") if runs_here(p)]
     runs: dict[str, list[float]] = {p: [] for p in precisions}
     ratios: dict[str, list[float]] = {p: [] for p in precisions}
     encodes: list[float] = []
@@ -83,6 +87,19 @@ def main() -> None:
             f"{precision:>10} {statistics.median(runs[precision]):8.2f} {statistics.median(encodes):9.2f} "
             f"{statistics.median(ratios[precision]):10.2f}x {cosines[precision]:11.6f}"
         )
+
+
+def runs_here(precision: str) -> bool:
+    """Whether this machine's device can run ``precision``; if not, one line says why and it is skipped."""
+    from worker.models.device import resolve_device
+    from worker.models.precision import UnsupportedPrecision, check_precision
+
+    try:
+        check_precision(precision, resolve_device("auto"))
+    except UnsupportedPrecision as exc:
+        print(f"{precision:>10} not measured: {exc}")
+        return False
+    return True
 
 
 def run_command(work: Path, corpus_path: Path) -> list[str]:
