@@ -63,8 +63,9 @@ def create_app(settings: Settings) -> Celery:
         task_send_sent_event=False,
         worker_hijack_root_logger=False,
     )
-    if not settings.embedded:
-        app.conf.broker_transport = "worker.broker.transport:Transport"
+    app.conf.broker_transport = (
+        "worker.broker.memory:Transport" if settings.embedded else "worker.broker.transport:Transport"
+    )
     app.steps["consumer"].add("worker.runtime.consumer:BatchingStep")
     return app
 
