@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,17 +150,41 @@ def machine_busy_s() -> float:
 
 def group_cpu_s(pgid: int) -> float:
     """CPU seconds used so far by the live processes of one process group (a worker and its pool)."""
+    return _cpu_s(lambda name, fields: int(fields[2]) == pgid)
+
+
+def named_cpu_s(command: str) -> float:
+    """CPU seconds used so far by the live processes whose command name starts with ``command``."""
+    return _cpu_s(lambda name, fields: name.startswith(command))
+
+
+def _cpu_s(counts: Callable[[str, list[str]], bool]) -> float:
+    """CPU seconds used so far by the live processes ``counts`` picks, given each one's command name and its
+    /proc stat fields after the name (state, ppid, pgrp, ..., utime at 11, stime at 12)."""
     total = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rpartition(")")[2].split()
+                name, _, rest = stat.read().partition(" (")[2].rpartition(")")
         except OSError:
             continue
-        if (
-            int(fields[2]) == pgid
-        ):  # fields after the command: state, ppid, pgrp, ..., utime at 11, stime at 12
+        fields = rest.split()
+        if counts(name, fields):
             total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def service_env(broker_url: str, database_url: str) -> dict[str, str]:
+    """This process's environment for a worker or API process on the bench's services: no BATCHWORK_ or
+    BENCH_ setting of the caller's leaks in, and nothing is fetched from a model hub."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATCHWORK_", "BENCH_"))}
+    env.update(
+        BATCHWORK_BROKER_URL=broker_url,
+        BATCHWORK_DATABASE_URL=database_url,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+    )
+    return env

@@ -212,26 +212,9 @@ class CpuByService:
         return {
             "machine": processes.machine_busy_s(),
             "workers": sum(processes.group_cpu_s(w.pid) for w in self.workers),
-            "redis": named_cpu_s("redis-server"),
-            "postgres": named_cpu_s("postgres"),
+            "redis": processes.named_cpu_s("redis-server"),
+            "postgres": processes.named_cpu_s("postgres"),
         }
-
-
-def named_cpu_s(command: str) -> float:
-    """CPU seconds used so far by the live processes whose command name is ``command``."""
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                name, _, rest = stat.read().partition(" (")[2].rpartition(")")
-        except OSError:
-            continue
-        if name.startswith(command):
-            fields = rest.split()
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def report(

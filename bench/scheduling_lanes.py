@@ -44,14 +44,7 @@ class Stack:
     store: Any  # worker.store.results.ResultStore, imported once BATCHWORK_* point here
 
     def worker_env(self, settings: dict[str, Any]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
-        env.update(
-            BATCHWORK_BROKER_URL=self.broker_url,
-            BATCHWORK_DATABASE_URL=self.database_url,
-            HF_HUB_OFFLINE="1",
-            PYTHONPATH=str(processes.ROOT),
-            PYTHONUNBUFFERED="1",
-        )
+        env = processes.service_env(self.broker_url, self.database_url)
         for name, value in settings.items():
             env[f"BATCHWORK_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
         return env

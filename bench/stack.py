@@ -42,16 +42,8 @@ class Services:
     worker_settings: dict[str, str]  # --worker-setting, for batchwork workers
 
     def worker_env(self, **settings: Any) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("BATCHWORK_", "BENCH_"))}
-        env.update(
-            BATCHWORK_BROKER_URL=self.broker_url,
-            BATCHWORK_DATABASE_URL=self.database_url,
-            BENCH_BROKER_URL=self.broker_url,
-            BENCH_DATABASE_URL=self.database_url,
-            HF_HUB_OFFLINE="1",
-            PYTHONPATH=str(processes.ROOT),
-            PYTHONUNBUFFERED="1",
-        )
+        env = processes.service_env(self.broker_url, self.database_url)
+        env.update(BENCH_BROKER_URL=self.broker_url, BENCH_DATABASE_URL=self.database_url)
         for name, value in settings.items():
             env[name] = value if isinstance(value, str) else json.dumps(value)
         return env

@@ -84,12 +84,14 @@ def test_an_unmigrated_database_says_run_migrate(tmp_path: Path, redis_url: str,
     one_line_error(batchwork(tmp_path, "worker", env=env, timeout_s=60), "run `batchwork migrate`")
 
 
-def test_a_worker_for_an_unknown_queue_is_refused(
+def test_a_worker_for_an_unknown_queue_or_log_level_is_refused(
     tmp_path: Path, redis_url: str, pg_store: ResultStore
 ) -> None:
     env = service_env(redis_url, pg_store.url)
     done = batchwork(tmp_path, "worker", "-Q", "batchwork.hihg", env=env, timeout_s=60)
     one_line_error(done, "unknown queue 'batchwork.hihg'")
+    one_line_error(batchwork(tmp_path, "worker", "-Q", ",", env=env, timeout_s=60), "unknown queue")
+    one_line_error(batchwork(tmp_path, "worker", "--loglevel", "NOPE", env=env, timeout_s=60), "log level")
 
 
 def test_unreachable_services_are_one_line_each(tmp_path: Path, pg_url: str, pg_store: ResultStore) -> None:

@@ -17,6 +17,8 @@ from worker.cli.base import app, console, make_client, out_console
 from worker.errors import SetupError, UsageError
 from worker.settings import get_settings
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 
 @app.command()
 def worker(
@@ -40,13 +42,17 @@ def worker(
     from worker.broker.keys import Keys
     from worker.celery_app import app as celery_app
 
+    if loglevel.upper() not in LOG_LEVELS:
+        raise UsageError(f"unknown log level {loglevel!r}: use one of {', '.join(LOG_LEVELS)}")
     known = Keys.of(settings).queues
-    unknown = [name for name in (queues or "").split(",") if name and name not in known]
-    if unknown:
-        raise UsageError(f"unknown queue {unknown[0]!r}: batchwork's queues are {', '.join(known)}")
-    argv = ["worker", f"--loglevel={loglevel}"]
+    chosen = [name.strip() for name in (queues or "").split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in known]
+    if unknown or (queues is not None and not chosen):
+        shown = repr(unknown[0]) if unknown else "(none named)"
+        raise UsageError(f"unknown queue {shown}: batchwork's queues are {', '.join(known)}")
+    argv = ["worker", f"--loglevel={loglevel.upper()}"]
     argv += [f"--hostname={hostname}"] if hostname else []
-    argv += [f"--queues={queues}"] if queues else []
+    argv += [f"--queues={','.join(chosen)}"] if chosen else []
     celery_app.worker_main(argv)
 
 
