@@ -6,6 +6,7 @@ Every route that names a job looks it up within the caller's tenants, so another
 
 from __future__ import annotations
 
+import asyncio
 import io
 import tempfile
 from collections.abc import Iterator
@@ -23,12 +24,12 @@ from api.auth import backend, caller
 from api.backend import Backend
 from api.schemas import Job, JobList, JobRequest, JobState, ModelInfo, error_responses
 from api.spool import NdjsonSpool
-from worker.calls import expiry
+from worker.calls import InferCall, expiry
 from worker.jsonl import write_results
 from worker.models.registry import served_models
 from worker.store.catalog import InvalidCursor
 from worker.store.keys import ApiKey
-from worker.store.results import JobSpec, JobStatus
+from worker.store.results import JobStatus
 
 router = APIRouter(prefix="/v1", responses=error_responses(401, 422))
 
@@ -101,27 +102,41 @@ async def _submit_ndjson(
     expires_at = expiry(deadline_s)
     with tempfile.TemporaryFile() as file:
         spool = NdjsonSpool(model, priority, served.settings, file)
-        received = bytearray()
+        total = await _spool_body(request, spool)
+        return await run_in_threadpool(_publish_spool, served, tenant, spool, total, expires_at)
+
+
+async def _spool_body(request: Request, spool: NdjsonSpool) -> int:
+    """Feed the body to the spool a MiB at a time, reading the next MiB while a thread checks the last."""
+    checking: asyncio.Future[None] | None = None
+    received = bytearray()
+    try:
         async for data in request.stream():
             received += data
             if len(received) >= FEED_BYTES:
-                await run_in_threadpool(spool.feed, bytes(received))
+                if checking is not None:
+                    await checking
+                checking = asyncio.ensure_future(run_in_threadpool(spool.feed, bytes(received)))
                 received.clear()
+        if checking is not None:
+            await checking
         await run_in_threadpool(spool.feed, bytes(received))
-        total = await run_in_threadpool(spool.finish)
-        return await run_in_threadpool(_publish_spool, served, tenant, spool, total, expires_at)
+        return await run_in_threadpool(spool.finish)
+    finally:
+        if checking is not None:  # the body broke off: the check ends before its file closes, its error read
+            await asyncio.wait([checking])
+            if not checking.cancelled():
+                checking.exception()  # read, so asyncio does not log it: the error in flight is told
 
 
 def _publish_spool(
     served: Backend, tenant: str, spool: NdjsonSpool, total: int, expires_at: float | None
 ) -> JobStatus:
     limits.admit(served, tenant, total)
-    job_id = str(uuid4())
-    served.store.create_job(
-        JobSpec(job_id, spool.model, spool.priority, total), create_schema=True, tenant=tenant
-    )
-    served.client.publish(spool.calls(job_id, expires_at))
-    return _status(served, job_id, [tenant])
+    call = InferCall(str(uuid4()), spool.model, (), spool.priority, 0, total, expires_at)
+    served.client.register(call, tenant=tenant)
+    served.client.publish(call, spool.parts())
+    return _status(served, call.job_id, [tenant])
 
 
 @router.get("/jobs", response_model=JobList)

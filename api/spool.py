@@ -2,20 +2,21 @@
 (``new_call`` and ``check_items``) and kept in a temporary file, then published from that file.
 
 Memory holds one chunk, never the body. A bad line anywhere refuses the whole body before anything is
-registered or enqueued.
+registered or enqueued. Each line is parsed once, to be checked: the spool keeps the lines as they came,
+already joined into the messages' parts, so publishing encodes no item again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
-from itertools import islice
 from typing import IO, Any
 
 import orjson
 
 from api.limits import check_job_size
-from worker.calls import InferCall, check_items, new_call
+from worker.broker.producer import parts
+from worker.calls import check_items, new_call
 from worker.errors import InvalidInput
 from worker.settings import Settings
 
@@ -52,18 +53,18 @@ class NdjsonSpool:
         if self._partial:
             self._take([self._partial])
             self._partial = b""
-        self._check_chunk()
+        while self._items:
+            self._check_chunk()
         if self.total == 0:
             raise InvalidInput("the body holds no inputs: send one JSON input a line")
         return self.total
 
-    def calls(self, job_id: str, expires_at: float | None) -> Iterator[InferCall]:
-        """The job's messages, read back from the spool one chunk at a time."""
+    def parts(self) -> Iterator[tuple[int, bytes]]:
+        """The job's messages' parts as ``Publisher.send`` takes them, read back one at a time."""
         self._file.seek(0)
-        size = self.settings.submit_chunk_size
-        for offset in range(0, self.total, size):
-            items = list(map(orjson.loads, islice(self._file, size)))
-            yield InferCall(job_id, self.model, items, self.priority, offset, self.total, expires_at)
+        while header := self._file.readline():
+            offset, size = map(int, header.split())
+            yield offset, self._file.read(size)
 
     def _take(self, lines: list[bytes]) -> None:
         """Parse whole lines, a chunk in C calls (a body has a line per item); blank lines are skipped."""
@@ -84,15 +85,16 @@ class NdjsonSpool:
             raise
         self._raws += raws
         self._lines += numbers
-        if len(self._items) >= self.settings.submit_chunk_size:
+        while len(self._items) >= self.settings.submit_chunk_size:
             self._check_chunk()
 
     def _check_chunk(self) -> None:
-        if not self._items:
-            return
-        offset, count = self.total, self.total + len(self._items)
+        """Check the next (at most) submit_chunk_size items and spool them as one message's part(s)."""
+        size = self.settings.submit_chunk_size
+        items, raws = self._items[:size], self._raws[:size]
+        offset, count = self.total, self.total + len(items)
         check_job_size(count, self.settings)
-        kwargs = {"model": self.model, "inputs": self._items, "priority": self.priority or None}
+        kwargs = {"model": self.model, "inputs": items, "priority": self.priority or None}
         call = replace(new_call("", kwargs, self.settings), offset=offset, total=count)
         try:
             check_items(call, self.settings)
@@ -100,7 +102,8 @@ class NdjsonSpool:
             if exc.index is None:
                 raise
             raise InvalidInput(f"line {self._lines[exc.index - offset]}: {exc.detail}") from None
-        self._file.write(b"\n".join(self._raws) + b"\n")
+        for start, joined in parts(offset, raws, size):
+            self._file.write(b"%d %d\n" % (start, len(joined)) + joined)
         self.priority = call.priority  # as the checks read it ("" is normal)
         self.total = count
-        self._items, self._raws, self._lines = [], [], []
+        del self._items[:size], self._raws[:size], self._lines[:size]

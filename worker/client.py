@@ -86,7 +86,7 @@ class Client:
     def enqueue(self, call: InferCall, *, tenant: str = "default", metadata: Any = None) -> str:
         """Record a checked call's job in SQL, then publish its messages; the job id."""
         self.register(call, tenant=tenant, metadata=metadata)
-        self.publish([call])
+        self.publish(call)
         return call.job_id
 
     def register(self, call: InferCall, *, tenant: str = "default", metadata: Any = None) -> None:
@@ -94,17 +94,17 @@ class Client:
         spec = JobSpec(call.job_id, call.model, call.priority, call.total)
         self.store.create_job(spec, create_schema=True, tenant=tenant, metadata=metadata)
 
-    def publish(self, calls: Iterable[InferCall]) -> None:
-        """Send the messages of a registered job, one call (a part of it) after another; a failure part way
-        fails the job, saying why, since the messages already sent still run."""
-        job_id = None
+    def publish(self, call: InferCall, encoded_parts: Iterable[tuple[int, bytes]] | None = None) -> None:
+        """Send the messages of a registered job: ``call``'s items, or its items already encoded as
+        ``Publisher.send`` takes them (the HTTP API's spooled lines; needs a broker). A failure part way fails
+        the job, saying why, since the messages already sent still run."""
         try:
-            for call in calls:
-                job_id = call.job_id
+            if encoded_parts is None:
                 self._publish(call, record_job=False)
+            else:
+                self._publisher.send(call, encoded_parts, task_id=call.job_id)
         except Exception as exc:
-            if job_id is not None:
-                self.store.fail_job(job_id, f"submit could not publish every message: {exc}")
+            self.store.fail_job(call.job_id, f"submit could not publish every message: {exc}")
             raise
 
     def delay(self, kwargs: dict[str, Any]) -> str:

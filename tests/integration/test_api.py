@@ -6,6 +6,7 @@ every route. Keys, limits and metrics: test_api_limits.py.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -97,8 +98,35 @@ def test_a_bad_ndjson_line_refuses_the_whole_body_and_enqueues_nothing(env: dict
         assert json_answer.status_code == 422
         assert "unknown model 'no-such-model'" in json_answer.json()["detail"]
 
+        # Bodies of several MiB are checked a MiB at a time while the next MiB arrives: a bad line in the
+        # middle or at the very end still refuses everything.
+        big = [orjson.dumps(item) + b"\n" for item in texts("big", 60_000)]  # about 2.6 MiB
+        for where in (30_000, 59_999):
+            bad = big[:where] + [b'{"id": "bad", "text": 7}\n'] + big[where + 1 :]
+            answer = client.http.post(
+                "/v1/jobs",
+                params={"model": ECHO},
+                content=(b"".join(bad[i : i + 5000]) for i in range(0, 60_000, 5000)),
+                headers={"Content-Type": "application/x-ndjson"},
+            )
+            assert answer.status_code == 422
+            assert answer.json()["detail"].startswith(f"line {where + 1}: ")
+
         assert client.http.get("/v1/jobs").json()["jobs"] == []
-    assert sum(broker.llen(queue) for queue in QUEUES) == 0
+        assert sum(broker.llen(queue) for queue in QUEUES) == 0
+        answer = client.http.post(
+            "/v1/jobs",
+            params={"model": ECHO},
+            content=b"".join(big),
+            headers={"Content-Type": "application/x-ndjson"},
+        )
+        assert answer.status_code == 202, answer.text
+        assert answer.json()["counts"]["total"] == 60_000
+    messages = [orjson.loads(message) for message in broker.lrange("batchwork.normal", 0, -1)]
+    kwargs = [orjson.loads(base64.b64decode(message["body"]))[1] for message in messages]
+    published = sorted((part["offset"], part["total"], len(part["inputs"])) for part in kwargs)
+    assert published == [(offset, 60_000, min(512, 60_000 - offset)) for offset in range(0, 60_000, 512)]
+    broker.delete(*QUEUES)
 
 
 @pytest.mark.slow

@@ -19,15 +19,16 @@ SETTINGS = Settings(submit_chunk_size=7, max_items_per_job=50, max_input_chars=1
 
 
 def spooled(pieces: list[bytes], settings: Settings = SETTINGS) -> list[list[object]]:
+    """The items of each message the spool would publish, checking the parts' offsets on the way."""
     with tempfile.TemporaryFile() as file:
         spool = NdjsonSpool("noop", "bulk", settings, file)
         for piece in pieces:
             spool.feed(piece)
         total = spool.finish()
-        calls = list(spool.calls("job", None))
-    assert all(call.total == total and call.priority == "bulk" for call in calls)
-    assert [call.offset for call in calls] == list(range(0, total, settings.submit_chunk_size))
-    return [list(call.inputs) for call in calls]
+        parts = list(spool.parts())
+    assert spool.priority == "bulk"
+    assert [offset for offset, _ in parts] == list(range(0, total, settings.submit_chunk_size))
+    return [orjson.loads(b"[" + joined + b"]") for _, joined in parts]
 
 
 @given(count=st.integers(1, 40), cuts=st.lists(st.integers(0, 2000), max_size=12))
@@ -40,6 +41,15 @@ def test_every_item_is_published_once_in_order_wherever_the_body_is_cut(count: i
     published = [item for chunk in spooled(pieces) for item in chunk]
 
     assert published == items
+
+
+def test_lines_are_published_as_they_came_crlf_and_spacing_included() -> None:
+    body = b'{"text": "a",  "id": "x"}\r\n  "b"\t\n'
+    with tempfile.TemporaryFile() as file:
+        spool = NdjsonSpool("noop", "normal", SETTINGS, file)
+        spool.feed(body)
+        spool.finish()
+        assert list(spool.parts()) == [(0, b'{"text": "a",  "id": "x"}\r,  "b"\t')]
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import base64
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -57,16 +57,31 @@ class Publisher:
     def enqueue(self, call: InferCall, *, task_id: str | None = None, record_job: bool = False) -> int:
         """Send ``call``'s items as messages (the first with ``task_id``), with the job's record when asked;
         returns how many messages. InvalidInput if an item is not JSON; BrokerUnavailable if Redis is not."""
+        encoded = (_json(item, index) for index, item in enumerate(call.inputs, call.offset))
+        chunks = parts(call.offset, encoded, self.chunk_size)
+        return self.send(call, chunks, task_id=task_id, record_job=record_job)
+
+    def send(
+        self,
+        call: InferCall,
+        encoded_parts: Iterable[tuple[int, bytes]],
+        *,
+        task_id: str | None = None,
+        record_job: bool = False,
+    ) -> int:
+        """Send one message per part of ``call``'s job, each ``(offset, its items' JSON joined by commas)``
+        as ``parts`` makes them; ``call`` gives the job's fields, not the items. Returns how many messages."""
         queue = self.keys.queue(call.priority)
-        messages = self._messages(call, queue, task_id)
         sent = 0
         try:
             pipe = self.client.pipeline(transaction=True)
             if record_job:
                 pipe.hset(self.keys.job(call.job_id), mapping=_job_record(call))
                 pipe.expire(self.keys.job(call.job_id), PENDING_JOB_TTL_S)
-            for message in messages:
-                pipe.lpush(queue, message)
+            for offset, items in encoded_parts:
+                # Only the job's first message may carry task_id (the job id, for Celery's result API).
+                message_id = task_id if offset == 0 and task_id else str(uuid.uuid4())
+                pipe.lpush(queue, self._message(message_id, queue, self._kwargs(call, offset, items), call))
                 sent += 1
                 if len(pipe) >= PIPELINE_MESSAGES:
                     pipe.execute()
@@ -75,32 +90,12 @@ class Publisher:
             raise BrokerUnavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
         return sent
 
-    def _messages(self, call: InferCall, queue: str, task_id: str | None) -> Iterator[bytes]:
-        for offset, items in self._chunks(call):
-            kwargs = self._kwargs(call, offset, items)
-            yield self._message(
-                task_id if offset == 0 and task_id else str(uuid.uuid4()), queue, kwargs, call
-            )
-
-    def _chunks(self, call: InferCall) -> Iterator[tuple[int, list[bytes]]]:
-        """Each item's JSON, in groups of at most chunk_size items and about MAX_MESSAGE_BYTES."""
-        group: list[bytes] = []
-        size, start = 0, call.offset
-        for position, item in enumerate(call.inputs):
-            encoded = _json(item, call.offset + position)
-            if group and (len(group) >= self.chunk_size or size + len(encoded) > MAX_MESSAGE_BYTES):
-                yield start, group
-                group, size, start = [], 0, call.offset + position
-            group.append(encoded)
-            size += len(encoded)
-        yield start, group
-
     @staticmethod
-    def _kwargs(call: InferCall, offset: int, items: list[bytes]) -> bytes:
+    def _kwargs(call: InferCall, offset: int, items: bytes) -> bytes:
         fields = call.fields()
         fields["offset"] = offset
         head = orjson.dumps(fields)
-        return head[:-1] + b',"inputs":[' + b",".join(items) + b"]}"
+        return head[:-1] + b',"inputs":[' + items + b"]}"
 
     def _message(self, task_id: str, queue: str, kwargs: bytes, call: InferCall) -> bytes:
         body = b"[[]," + kwargs + b"," + _EMBED + b"]"
@@ -183,6 +178,21 @@ def _job_record(call: InferCall) -> dict[Any, Any]:
         "total": call.total,
         "created_at": created.isoformat(),
     }
+
+
+def parts(offset: int, encoded: Iterable[bytes], chunk_size: int) -> Iterator[tuple[int, bytes]]:
+    """Items' JSON (the item at ``offset`` first) in messages' parts: ``(offset of the part, its items joined
+    by commas)``, each of at most ``chunk_size`` items and about MAX_MESSAGE_BYTES."""
+    group: list[bytes] = []
+    size, start = 0, offset
+    for position, item in enumerate(encoded, offset):
+        if group and (len(group) >= chunk_size or size + len(item) > MAX_MESSAGE_BYTES):
+            yield start, b",".join(group)
+            group, size, start = [], 0, position
+        group.append(item)
+        size += len(item)
+    if group:
+        yield start, b",".join(group)
 
 
 def _json(item: Any, index: int) -> bytes:

@@ -1,0 +1,24 @@
+"""How a producer cuts a job's items into messages: at most chunk_size items and about MAX_MESSAGE_BYTES each,
+every item once and in order, offsets counting from the call's."""
+
+from __future__ import annotations
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from worker.broker.producer import MAX_MESSAGE_BYTES, parts
+
+
+@given(sizes=st.lists(st.integers(1, 400_000), min_size=1, max_size=30), chunk=st.integers(1, 8))
+def test_parts_hold_every_item_once_in_order_under_both_caps(sizes: list[int], chunk: int) -> None:
+    encoded = [orjson.dumps("x" * size) for size in sizes]
+
+    cut = list(parts(1000, encoded, chunk))
+
+    items = [orjson.loads(b"[" + joined + b"]") for _, joined in cut]
+    assert [item for part in items for item in part] == ["x" * size for size in sizes]
+    assert [offset for offset, _ in cut] == [1000 + sum(map(len, items[:i])) for i in range(len(items))]
+    for part, (_, joined) in zip(items, cut, strict=True):
+        assert 1 <= len(part) <= chunk
+        assert len(part) == 1 or len(joined) <= MAX_MESSAGE_BYTES + len(part)  # the commas
