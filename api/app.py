@@ -6,15 +6,19 @@ request metrics and one-line errors around them.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from api import jobs, ui
 from api.auth import KeyCache, backend
 from api.backend import Backend
+from api.checking import Checker
 from api.limits import BodyLimit
 from api.metrics import ApiMetrics, RequestMetrics
 from api.schemas import Health
@@ -31,8 +35,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     served = Backend.from_settings(settings)
     metrics = ApiMetrics(served)
-    app = FastAPI(title="batchwork", version="1", description=DESCRIPTION, redoc_url=None)
+    checker = Checker(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(checker.start)
+        yield
+        checker.close()
+
+    app = FastAPI(title="batchwork", version="1", description=DESCRIPTION, redoc_url=None, lifespan=lifespan)
     app.state.backend = served
+    app.state.checker = checker
     app.state.key_cache = KeyCache()
     app.include_router(jobs.router)
     app.include_router(ui.router)

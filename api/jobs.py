@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import tempfile
+from collections import deque
 from collections.abc import Iterator
 from itertools import islice
 from typing import Annotated
@@ -22,8 +23,9 @@ from starlette.concurrency import run_in_threadpool
 from api import limits
 from api.auth import backend, caller
 from api.backend import Backend
+from api.checking import Checker
 from api.schemas import Job, JobList, JobRequest, JobState, ModelInfo, error_responses
-from api.spool import NdjsonSpool
+from api.spool import CheckedPiece, NdjsonSpool, Piece
 from worker.calls import InferCall, expiry
 from worker.jsonl import write_results
 from worker.models.registry import served_models
@@ -37,7 +39,7 @@ Caller = Annotated[ApiKey, Depends(caller)]
 Served = Annotated[Backend, Depends(backend)]
 
 RESULT_LINES_PER_CHUNK = 1000  # lines per write to the socket when streaming results
-# NDJSON arrives in socket-sized pieces (~64 KiB); checking a MiB at a time costs one thread hop per MiB.
+# NDJSON arrives in socket-sized pieces (~64 KiB); it is checked a MiB at a time (one hop to a checker each).
 FEED_BYTES = 2**20
 
 _SUBMIT_BODY = {
@@ -102,31 +104,36 @@ async def _submit_ndjson(
     expires_at = expiry(deadline_s)
     with tempfile.TemporaryFile() as file:
         spool = NdjsonSpool(model, priority, served.settings, file)
-        total = await _spool_body(request, spool)
+        total = await _spool_body(request, spool, request.app.state.checker)
         return await run_in_threadpool(_publish_spool, served, tenant, spool, total, expires_at)
 
 
-async def _spool_body(request: Request, spool: NdjsonSpool) -> int:
-    """Feed the body to the spool a MiB at a time, reading the next MiB while a thread checks the last."""
-    checking: asyncio.Future[None] | None = None
+async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) -> int:
+    """Cut the body into pieces as it arrives, check up to ``checker.width`` of them at once while reading
+    on, and spool each in body order as its check ends; the number of items."""
+    checks: deque[asyncio.Task[CheckedPiece]] = deque()
+
+    def check(piece: Piece | None) -> None:
+        if piece is not None:
+            checks.append(asyncio.ensure_future(checker.check(piece, spool.model, spool.priority)))
+
     received = bytearray()
     try:
         async for data in request.stream():
             received += data
             if len(received) >= FEED_BYTES:
-                if checking is not None:
-                    await checking
-                checking = asyncio.ensure_future(run_in_threadpool(spool.feed, bytes(received)))
+                check(spool.piece(bytes(received)))
                 received.clear()
-        if checking is not None:
-            await checking
-        await run_in_threadpool(spool.feed, bytes(received))
-        return await run_in_threadpool(spool.finish)
+                while checks and (checks[0].done() or len(checks) > checker.width):
+                    spool.add(await checks.popleft())
+        check(spool.piece(bytes(received)))
+        check(spool.last_piece())
+        while checks:
+            spool.add(await checks.popleft())
+        return spool.finish()
     finally:
-        if checking is not None:  # the body broke off: the check ends before its file closes, its error read
-            await asyncio.wait([checking])
-            if not checking.cancelled():
-                checking.exception()  # read, so asyncio does not log it: the error in flight is told
+        for task in checks:  # the body was refused or broke off: what is still being checked is dropped
+            task.cancel()
 
 
 def _publish_spool(

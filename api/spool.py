@@ -1,16 +1,17 @@
-"""An NDJSON job body, read as it arrives: each chunk of lines checked by the producers' own checks
-(``new_call`` and ``check_items``) and kept in a temporary file, then published from that file.
+"""An NDJSON job body, read as it arrives and kept in a temporary file, then published from that file.
 
-Memory holds one chunk, never the body. A bad line anywhere refuses the whole body before anything is
-registered or enqueued. Each line is parsed once, to be checked: the spool keeps the lines as they came,
-already joined into the messages' parts, so publishing encodes no item again.
+The body is cut into pieces of whole lines (about a MiB each). ``check_piece`` parses and checks a piece with
+the producers' own checks (``new_call`` and ``check_items``), in another process when it can (see
+api/checking.py), and returns it cut into the messages' parts: the lines as they came, joined, so publishing
+encodes no item again. Memory holds a few pieces, never the body. A bad line anywhere refuses the whole body
+before anything is registered or enqueued.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import replace
-from typing import IO, Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO
 
 import orjson
 
@@ -25,36 +26,101 @@ from worker.settings import Settings
 LINE_OVERHEAD_BYTES = 64 * 1024
 
 
+@dataclass(frozen=True)
+class Piece:
+    data: bytes  # whole lines of the body (or its last line, which may lack its newline)
+    first_line: int  # the body's number of its first line, counting from 1
+
+
+@dataclass(frozen=True)
+class CheckedPiece:
+    items: int  # blank lines are no items
+    parts: list[tuple[int, bytes]]  # the messages' parts, offsets counting from the piece's first item
+    priority: str  # as the checks read it
+    error: str | None = None  # the first line that cannot run, as the caller reads it
+
+
+def check_piece(piece: Piece, model: str, priority: str, settings: Settings) -> CheckedPiece:
+    """Parse and check a piece's lines. A checking process runs it, so a line that cannot run comes back as
+    ``error``, never raised; a piece of more items than a job may hold comes back unchecked (the spool
+    answers 429 from its count)."""
+    lines = piece.data.split(b"\n")
+    raws = [raw for raw in lines if raw.strip()]
+    numbers: Sequence[int] = range(piece.first_line, piece.first_line + len(lines))
+    if len(raws) < len(lines):
+        numbers = [number for number, raw in zip(numbers, lines, strict=True) if raw.strip()]
+    if not raws or len(raws) > settings.max_items_per_job:
+        return CheckedPiece(len(raws), [], priority)
+    try:
+        items = list(map(orjson.loads, raws))  # one C call a line; the message says which line
+    except orjson.JSONDecodeError:
+        return CheckedPiece(0, [], priority, _first_bad_json(raws, numbers))
+    try:
+        call = new_call("", {"model": model, "inputs": items, "priority": priority or None}, settings)
+        check_items(call, settings)
+    except InvalidInput as exc:
+        error = str(exc) if exc.index is None else f"line {numbers[exc.index]}: {exc.detail}"
+        return CheckedPiece(0, [], priority, error)
+    return CheckedPiece(len(items), list(parts(0, raws, settings.submit_chunk_size)), call.priority)
+
+
+def _first_bad_json(raws: list[bytes], numbers: Sequence[int]) -> str:
+    for number, raw in zip(numbers, raws, strict=True):
+        try:
+            orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return f"line {number}: not valid JSON ({exc})"
+    raise AssertionError("a line failed to parse, then parsed")
+
+
 class NdjsonSpool:
+    """One body's pieces in, checked pieces spooled in body order, the job's parts out."""
+
     def __init__(self, model: str, priority: str, settings: Settings, file: IO[bytes]) -> None:
         self.model = model
         self.priority = priority
         self.settings = settings
         self.total = 0  # items checked and spooled
         self._file = file  # a temporary file of the caller's
-        self._line = 0  # lines seen, blank ones included, for error messages
-        self._partial = b""  # the end of the last chunk, up to its first unfinished line
-        self._items: list[Any] = []
-        self._raws: list[bytes] = []  # each item's line as it came: the spool keeps it as it is
-        self._lines: list[int] = []  # line number of each item in _items
+        self._lines = 0  # lines cut into pieces so far, blank ones included, for error messages
+        self._partial = b""  # the body's last bytes after its last newline so far
         self._max_line_bytes = settings.max_input_chars * 6 + LINE_OVERHEAD_BYTES
 
-    def feed(self, data: bytes) -> None:
-        """Take the next bytes of the body; raise InvalidInput (naming the line) or a 429 on the first
-        line that cannot run."""
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
+    def piece(self, data: bytes) -> Piece | None:
+        """The whole lines that the next bytes of the body complete, as a piece to check (None if they
+        complete none); InvalidInput for a line too long to be one item."""
+        data = self._partial + data
+        end = data.rfind(b"\n") + 1
+        self._partial = data[end:]
+        lines = data.count(b"\n", 0, end)
         if len(self._partial) > self._max_line_bytes:
-            raise InvalidInput(f"line {self._line + len(lines) + 1}: over {self._max_line_bytes} bytes")
-        self._take(lines)
+            raise InvalidInput(f"line {self._lines + lines + 1}: over {self._max_line_bytes} bytes")
+        if not end:
+            return None
+        piece = Piece(data[:end], self._lines + 1)
+        self._lines += lines
+        return piece
+
+    def last_piece(self) -> Piece | None:
+        """The body has ended: its last line, if it had no newline."""
+        piece = Piece(self._partial, self._lines + 1) if self._partial.strip() else None
+        self._partial = b""
+        return piece
+
+    def add(self, checked: CheckedPiece) -> None:
+        """Spool the next piece of the body, checked: InvalidInput naming its bad line, or 429 once the job
+        would hold more items than a job may."""
+        check_job_size(self.total + checked.items, self.settings)
+        if checked.error is not None:
+            raise InvalidInput(checked.error)
+        for offset, joined in checked.parts:
+            self._file.write(b"%d %d\n" % (self.total + offset, len(joined)) + joined)
+        self.total += checked.items
+        if checked.items:
+            self.priority = checked.priority
 
     def finish(self) -> int:
-        """The body has ended: check what is left; returns the number of items."""
-        if self._partial:
-            self._take([self._partial])
-            self._partial = b""
-        while self._items:
-            self._check_chunk()
+        """The number of items spooled; InvalidInput if the body held none."""
         if self.total == 0:
             raise InvalidInput("the body holds no inputs: send one JSON input a line")
         return self.total
@@ -65,45 +131,3 @@ class NdjsonSpool:
         while header := self._file.readline():
             offset, size = map(int, header.split())
             yield offset, self._file.read(size)
-
-    def _take(self, lines: list[bytes]) -> None:
-        """Parse whole lines, a chunk in C calls (a body has a line per item); blank lines are skipped."""
-        first = self._line + 1
-        self._line += len(lines)
-        raws = [raw for raw in lines if raw.strip()]
-        numbers = range(first, first + len(lines))
-        if len(raws) < len(lines):
-            numbers = [n for n, raw in zip(numbers, lines, strict=True) if raw.strip()]  # type: ignore[assignment]
-        try:
-            self._items += map(orjson.loads, raws)
-        except orjson.JSONDecodeError:
-            for number, raw in zip(numbers, raws, strict=True):  # which line: a rare path
-                try:
-                    orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    raise InvalidInput(f"line {number}: not valid JSON ({exc})") from None
-            raise
-        self._raws += raws
-        self._lines += numbers
-        while len(self._items) >= self.settings.submit_chunk_size:
-            self._check_chunk()
-
-    def _check_chunk(self) -> None:
-        """Check the next (at most) submit_chunk_size items and spool them as one message's part(s)."""
-        size = self.settings.submit_chunk_size
-        items, raws = self._items[:size], self._raws[:size]
-        offset, count = self.total, self.total + len(items)
-        check_job_size(count, self.settings)
-        kwargs = {"model": self.model, "inputs": items, "priority": self.priority or None}
-        call = replace(new_call("", kwargs, self.settings), offset=offset, total=count)
-        try:
-            check_items(call, self.settings)
-        except InvalidInput as exc:
-            if exc.index is None:
-                raise
-            raise InvalidInput(f"line {self._lines[exc.index - offset]}: {exc.detail}") from None
-        for start, joined in parts(offset, raws, size):
-            self._file.write(b"%d %d\n" % (start, len(joined)) + joined)
-        self.priority = call.priority  # as the checks read it ("" is normal)
-        self.total = count
-        del self._items[:size], self._raws[:size], self._lines[:size]

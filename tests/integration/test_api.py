@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -124,8 +127,13 @@ def test_a_bad_ndjson_line_refuses_the_whole_body_and_enqueues_nothing(env: dict
         assert answer.json()["counts"]["total"] == 60_000
     messages = [orjson.loads(message) for message in broker.lrange("batchwork.normal", 0, -1)]
     kwargs = [orjson.loads(base64.b64decode(message["body"]))[1] for message in messages]
-    published = sorted((part["offset"], part["total"], len(part["inputs"])) for part in kwargs)
-    assert published == [(offset, 60_000, min(512, 60_000 - offset)) for offset in range(0, 60_000, 512)]
+    published = sorted((part["offset"], len(part["inputs"])) for part in kwargs)
+    assert {part["total"] for part in kwargs} == {60_000}
+    assert [offset for offset, _ in published] == [
+        sum(size for _, size in published[:i]) for i in range(len(published))
+    ]
+    assert sum(size for _, size in published) == 60_000
+    assert max(size for _, size in published) == 512  # BATCHWORK_SUBMIT_CHUNK_SIZE
     broker.delete(*QUEUES)
 
 
@@ -207,3 +215,36 @@ def test_cancel_and_error_kinds(env: dict[str, str]) -> None:
             "id": None,
             "error": "ValueError: cannot digest 'poison'",
         }
+
+
+def checking_processes(api_pid: int) -> list[int]:
+    """The API's checking processes: its children that multiprocessing spawned (not its resource tracker)."""
+    children = [
+        int(pid)
+        for task in Path(f"/proc/{api_pid}/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    ]
+    return [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+@pytest.mark.slow
+def test_a_checking_process_that_dies_costs_no_later_upload(env: dict[str, str]) -> None:
+    env = {**env, "BATCHWORK_API_CHECK_PROCESSES": "2"}
+    alice = make_key(env["BATCHWORK_DATABASE_URL"], "alice")
+    body = b"".join(orjson.dumps(item) + b"\n" for item in texts("k", 40_000))  # about 1.7 MiB: 2 pieces
+    with api_server(env) as api:
+        client = Tenant(api.url, alice)
+        checkers = checking_processes(api.proc.pid)
+        assert len(checkers) == 2
+        for pid in checkers:
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not set(checkers) & set(checking_processes(api.proc.pid)), 10, lambda: "unkilled")
+
+        answer = client.http.post(
+            "/v1/jobs", params={"model": ECHO}, content=body, headers={"Content-Type": "application/x-ndjson"}
+        )
+
+        assert answer.status_code == 202, answer.text
+        assert answer.json()["counts"]["total"] == 40_000
+        assert len(checking_processes(api.proc.pid)) == 2
+    redis.Redis.from_url(env["BATCHWORK_BROKER_URL"]).delete(*QUEUES)

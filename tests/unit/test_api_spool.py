@@ -1,5 +1,6 @@
 """The NDJSON spool of the HTTP API: lines split anywhere across the body's pieces, errors naming the line,
-and the messages it publishes holding every item once, in order."""
+and the messages it publishes holding every item once, in order. Pieces are checked here in this process;
+the API checks them in its checking processes, with the same function."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from fastapi import HTTPException
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.spool import NdjsonSpool
+from api.spool import NdjsonSpool, Piece, check_piece
 from worker.models.base import InvalidInput
 from worker.settings import Settings
 
@@ -22,13 +23,22 @@ def spooled(pieces: list[bytes], settings: Settings = SETTINGS) -> list[list[obj
     """The items of each message the spool would publish, checking the parts' offsets on the way."""
     with tempfile.TemporaryFile() as file:
         spool = NdjsonSpool("noop", "bulk", settings, file)
-        for piece in pieces:
-            spool.feed(piece)
-        total = spool.finish()
+        for data in pieces:
+            add(spool, spool.piece(data))
+        add(spool, spool.last_piece())
+        spool.finish()
         parts = list(spool.parts())
     assert spool.priority == "bulk"
-    assert [offset for offset, _ in parts] == list(range(0, total, settings.submit_chunk_size))
-    return [orjson.loads(b"[" + joined + b"]") for _, joined in parts]
+    offsets = [offset for offset, _ in parts]
+    items = [orjson.loads(b"[" + joined + b"]") for _, joined in parts]
+    assert offsets == [sum(map(len, items[:i])) for i in range(len(items))]
+    assert all(1 <= len(part) <= settings.submit_chunk_size for part in items)
+    return items
+
+
+def add(spool: NdjsonSpool, piece: Piece | None) -> None:
+    if piece is not None:
+        spool.add(check_piece(piece, spool.model, spool.priority, spool.settings))
 
 
 @given(count=st.integers(1, 40), cuts=st.lists(st.integers(0, 2000), max_size=12))
@@ -47,7 +57,7 @@ def test_lines_are_published_as_they_came_crlf_and_spacing_included() -> None:
     body = b'{"text": "a",  "id": "x"}\r\n  "b"\t\n'
     with tempfile.TemporaryFile() as file:
         spool = NdjsonSpool("noop", "normal", SETTINGS, file)
-        spool.feed(body)
+        add(spool, spool.piece(body))
         spool.finish()
         assert list(spool.parts()) == [(0, b'{"text": "a",  "id": "x"}\r,  "b"\t')]
 
@@ -61,9 +71,11 @@ def test_lines_are_published_as_they_came_crlf_and_spacing_included() -> None:
         (b"\n\n", "the body holds no inputs"),
     ],
 )
-def test_a_bad_line_is_refused_by_its_number(body: bytes, error: str) -> None:
+@pytest.mark.parametrize("cut", ["whole", "byte by byte"])
+def test_a_bad_line_is_refused_by_its_number(body: bytes, error: str, cut: str) -> None:
+    pieces = [body] if cut == "whole" else [body[i : i + 1] for i in range(len(body))]
     with pytest.raises(InvalidInput) as refused:
-        spooled([body])
+        spooled(pieces)
     assert str(refused.value).startswith(error)
 
 

@@ -2,4 +2,5 @@
 
 from worker.cli import main
 
-main()
+if __name__ == "__main__":  # run, never on import
+    main()

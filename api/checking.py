@@ -1,0 +1,77 @@
+"""Where an NDJSON body's pieces are checked: a pool of processes (BATCHWORK_API_CHECK_PROCESSES, one per CPU
+by default), so one large upload parses and checks on every core while the API reads on; with 0, a thread
+of the API's own.
+
+Parsing and checking are Python for every line, and threads of one process share one interpreter lock. The
+processes start with the app (spawned, never forked from a process that runs threads) and take pieces of
+whole lines as bytes; only their verdicts and the lines' parts come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from starlette.concurrency import run_in_threadpool
+
+from api.spool import CheckedPiece, Piece, check_piece
+from worker.errors import SetupError
+from worker.settings import Settings
+
+
+class Checker:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.processes = settings.api_check_processes
+        self._pool: ProcessPoolExecutor | None = None
+
+    @property
+    def width(self) -> int:
+        """Pieces of one body worth checking at once."""
+        return max(1, self.processes)
+
+    def start(self) -> None:
+        """Start the processes now, so that the first upload does not wait for them."""
+        if self.processes:
+            pool = self._running_pool()
+            for future in [pool.submit(_ready) for _ in range(self.processes)]:
+                future.result()
+
+    async def check(self, piece: Piece, model: str, priority: str) -> CheckedPiece:
+        args = (piece, model, priority, self.settings)
+        if not self.processes:
+            return await run_in_threadpool(check_piece, *args)
+        pool = self._running_pool()
+        try:
+            try:
+                submitted = pool.submit(check_piece, *args)
+            except BrokenProcessPool:  # it broke since the last upload: this body gets a new pool
+                self._drop(pool)
+                pool = self._running_pool()
+                submitted = pool.submit(check_piece, *args)
+            return await asyncio.wrap_future(submitted)
+        except BrokenProcessPool:  # a process died on this body (killed, out of memory)
+            self._drop(pool)
+            raise SetupError("a process checking uploads died: send the body again") from None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._drop(self._pool)
+
+    def _running_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            context = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(self.processes, mp_context=context)
+        return self._pool
+
+    def _drop(self, pool: ProcessPoolExecutor) -> None:
+        """Shut ``pool`` down; uploads checking on it at once find it dropped already."""
+        if self._pool is pool:
+            self._pool = None
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _ready() -> None:
+    """Nothing: a process that ran it has imported what checking needs."""
