@@ -132,8 +132,9 @@ async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) ->
             spool.add(await checks.popleft())
         return spool.finish()
     finally:
-        for task in checks:  # the body was refused or broke off: what is still being checked is dropped
-            task.cancel()
+        for task in checks:  # the body was refused or broke off: the checks still in flight are dropped
+            if not task.cancel() and not task.cancelled():
+                task.exception()  # it had ended: read, so asyncio does not log it
 
 
 def _publish_spool(
