@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.minilm_batch_curve import corpus
+from bench.services import remove_sqlite
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,6 +62,8 @@ def main() -> None:
     sample.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
     env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", COLUMNS="120")
+    # tune's T reads the stored batches' arrival rate: its own empty database, not the checkout's.
+    env["BATCHWORK_DATABASE_URL"] = f"sqlite:///{work / 'tune.db'}"
     configs: dict[str, dict[str, object]] = {"default": {}}
     for bound in args.bounds.split(","):
         directory = out / f"L{bound}"
@@ -89,7 +92,7 @@ def main() -> None:
     for _ in range(args.reps):
         for name, knobs in configs.items():
             db = work / f"{name}.db"
-            db.unlink(missing_ok=True)
+            remove_sqlite(db)
             run_env = dict(
                 env,
                 BATCHWORK_DATABASE_URL=f"sqlite:///{db}",

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.minilm_batch_curve import corpus
+from bench.services import remove_sqlite
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +75,7 @@ def main() -> None:
     for rep in range(args.reps + 1):
         b = timed(encode, base, ROOT)
         for precision in precisions:
-            (work / "batchwork.db").unlink(missing_ok=True)
+            remove_sqlite(work / "batchwork.db")
             a = timed(run_command(work, corpus_path), run_env(base, work, precision), ROOT)
             cosines[precision] = min_cosine(work / "run.jsonl", work / "st.jsonl")
             if rep:  # the first round warms the page cache and the file system for all

@@ -1,4 +1,5 @@
-"""A Redis database and a PostgreSQL schema of a bench run's own, claimed, emptied and given back.
+"""A Redis database and a PostgreSQL schema of a bench run's own, claimed, emptied and given back; a SQLite
+file removed whole.
 
 The Redis claim uses the same keys as the tests' fixtures, so a bench and a test never share a
 database. Nothing here starts workers or reads batchwork settings.
@@ -10,6 +11,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import redis
 from sqlalchemy import Engine, create_engine, text
@@ -62,3 +64,9 @@ def postgres_schema(postgres_url: str, prefix: str) -> Iterator[tuple[Engine, st
             conn.execute(text("SET LOCAL lock_timeout = '10s'"))
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+def remove_sqlite(path: Path) -> None:
+    """The database file and its -wal and -shm: a new database beside an old -wal is "disk I/O error"."""
+    for part in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        part.unlink(missing_ok=True)

@@ -84,6 +84,17 @@ def test_an_unmigrated_database_says_run_migrate(tmp_path: Path, redis_url: str,
     one_line_error(batchwork(tmp_path, "worker", env=env, timeout_s=60), "run `batchwork migrate`")
 
 
+@pytest.mark.parametrize(
+    "command", [["run", str(EXAMPLE), "-m", "noop"], ["status", str(uuid.uuid4())], ["migrate"]]
+)
+def test_a_database_url_naming_a_file_that_is_no_database_is_one_line(
+    tmp_path: Path, command: list[str]
+) -> None:
+    (tmp_path / "notes.db").write_text("a text file, not a SQLite database " * 20)
+    env = embedded_env(database_url=f"sqlite:///{tmp_path / 'notes.db'}")
+    one_line_error(batchwork(tmp_path, *command, env=env, timeout_s=120), "notes.db: file is not a database")
+
+
 def test_a_worker_for_an_unknown_queue_or_log_level_is_refused(
     tmp_path: Path, redis_url: str, pg_store: ResultStore
 ) -> None:

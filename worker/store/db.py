@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
+from sqlalchemy.exc import DatabaseError, DBAPIError, InterfaceError, OperationalError, ProgrammingError
 
 from worker.errors import DatabaseUnavailable
 
@@ -118,7 +118,9 @@ def client_errors(url: str) -> Iterator[None]:
                 f"the database {shown_url(url)} has no batchwork schema (or an old one): "
                 "run `batchwork migrate`"
             ) from exc
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
         if isinstance(exc, OperationalError | InterfaceError):
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
             raise DatabaseUnavailable(f"cannot reach the database {shown_url(url)}: {reason}") from exc
+        if type(exc) is DatabaseError:  # SQLite: the file is not a database (or is damaged)
+            raise DatabaseUnavailable(f"cannot use the database {shown_url(url)}: {reason}") from exc
         raise

@@ -285,10 +285,11 @@ class ResultStore:
         """A SQLite database gets batchwork's schema on first use (PostgreSQL: `batchwork migrate`)."""
         if self._schema_checked or make_url(self.url).get_backend_name() != "sqlite":
             return
-        if not self.has_schema():
-            from worker.store.schema import migrate
+        with client_errors(self.url):  # a file SQLite cannot use (read-only, a stale -wal) is one line
+            if not self.has_schema():
+                from worker.store.schema import migrate
 
-            migrate(self.url)
+                migrate(self.url)
         self._schema_checked = True
 
 
