@@ -1,6 +1,6 @@
 """Where an NDJSON body's pieces are checked: a pool of processes (BATCHWORK_API_CHECK_PROCESSES, one per CPU
-by default), so one large upload parses and checks on every core while the API reads on; with 0, a thread
-of the API's own.
+up to 8 by default), so one large upload parses and checks on every core while the API reads on; with 0, a
+thread of the API's own.
 
 Parsing and checking are Python for every line, and threads of one process share one interpreter lock. The
 processes start with the app (spawned, never forked from a process that runs threads) and take pieces of

@@ -149,8 +149,9 @@ class Settings(BaseSettings):
     api_max_tenant_items: int = Field(default=5_000_000, ge=1)
     api_max_queue_depth: int = Field(default=20_000, ge=1)
     api_retry_after_s: int = Field(default=10, ge=1)
-    # Processes that parse and check NDJSON bodies (api/checking.py); 0 checks in the API process itself.
-    api_check_processes: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=0, le=256)
+    # Processes that parse and check NDJSON bodies (api/checking.py), about 90 MB each: one per CPU, at
+    # most 8 by default; 0 checks in the API process itself.
+    api_check_processes: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 8), ge=0, le=256)
 
     simulated_base_ms: float = Field(default=20.0, ge=0, description="simulated model: a in a + b*n")
     simulated_per_item_ms: float = Field(default=1.0, ge=0, description="simulated model: b in a + b*n")
