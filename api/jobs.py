@@ -19,6 +19,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from api import limits
 from api.auth import backend, caller
@@ -70,13 +71,16 @@ async def submit_job(
 ) -> Job:
     """Submit a job: a JSON JobRequest, or (large jobs) NDJSON with ``?model=``, read as a stream."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == limits.NDJSON:
-        if model is None:
-            raise HTTPException(422, "an NDJSON body needs ?model=NAME")
-        status = await _submit_ndjson(request, served, key.tenant, model, priority, deadline_s)
-    else:
-        job = _parse_job_request(await request.body())
-        status = await run_in_threadpool(_submit_json, served, key.tenant, job)
+    try:
+        if content_type == limits.NDJSON:
+            if model is None:
+                raise HTTPException(422, "an NDJSON body needs ?model=NAME")
+            status = await _submit_ndjson(request, served, key.tenant, model, priority, deadline_s)
+        else:
+            job = _parse_job_request(await request.body())
+            status = await run_in_threadpool(_submit_json, served, key.tenant, job)
+    except ClientDisconnect:  # nobody is left to read the answer; the log and the metrics get a 400
+        raise HTTPException(400, "the client went away before the body ended: nothing was enqueued") from None
     return Job.of(status)
 
 

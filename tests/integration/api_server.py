@@ -97,3 +97,13 @@ def ndjson_chunks(items: list[Any], per_chunk: int = 100) -> Iterator[bytes]:
     """The body in pieces, so httpx sends it chunked (no Content-Length) as a streaming producer would."""
     for start in range(0, len(items), per_chunk):
         yield b"".join(orjson.dumps(item) + b"\n" for item in items[start : start + per_chunk])
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text format as {'name{labels}': value}, labels in the exposition's own order."""
+    samples = {}
+    for line in httpx.get(url, timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples

@@ -10,6 +10,8 @@ import base64
 import json
 import os
 import signal
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from tests.integration.api_server import (
     api_server,
     make_key,
     ndjson_chunks,
+    scrape,
     texts,
     wait_until,
 )
@@ -115,8 +118,31 @@ def test_a_bad_ndjson_line_refuses_the_whole_body_and_enqueues_nothing(env: dict
             assert answer.status_code == 422
             assert answer.json()["detail"].startswith(f"line {where + 1}: ")
 
+        # A client that goes away mid-body (in its first MiB, or after several) leaves nothing behind.
+        whole = b"".join(big)
+        for cut in (10, 2_000_000):
+            with socket.create_connection(("127.0.0.1", api.port)) as raw:
+                raw.sendall(
+                    f"POST /v1/jobs?model={ECHO} HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {alice}\r\n"
+                    f"Content-Type: application/x-ndjson\r\nContent-Length: {len(whole)}\r\n\r\n".encode()
+                    + whole[:cut]
+                )
+                time.sleep(0.3)
+
+        def broken_off() -> float:
+            answered = scrape(f"{api.url}/metrics").items()
+            return sum(
+                value
+                for name, value in answered
+                if name.startswith("batchwork_api_requests_total{")
+                and 'route="/v1/jobs"' in name
+                and 'status="400"' in name
+            )
+
+        wait_until(lambda: broken_off() == 2, 10, lambda: f"{broken_off()} broken bodies answered 400")
         assert client.http.get("/v1/jobs").json()["jobs"] == []
         assert sum(broker.llen(queue) for queue in QUEUES) == 0
+        assert not [line for line in api.log if "Traceback" in line or "ERROR" in line], api.log
         answer = client.http.post(
             "/v1/jobs",
             params={"model": ECHO},

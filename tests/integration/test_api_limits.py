@@ -22,6 +22,7 @@ from tests.integration.api_server import (
     free_port,
     make_key,
     ndjson_chunks,
+    scrape,
     wait_until,
 )
 from tests.integration.processes import service_env, workers
@@ -209,16 +210,6 @@ def test_workers_and_the_api_serve_prometheus_metrics(env: dict[str, str]) -> No
         assert api_samples[f'batchwork_api_requests_total{{{route},status="404"}}'] == 1
         assert api_samples[f"batchwork_api_request_seconds_count{{{route}}}"] >= 2
         assert api_samples['batchwork_queue_depth_messages{lane="high"}'] == 0
-
-
-def scrape(url: str) -> dict[str, float]:
-    """Prometheus text format as {'name{labels}': value}, labels in the exposition's own order."""
-    samples = {}
-    for line in httpx.get(url, timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
 
 
 def test_healthz_says_when_the_database_needs_migrating(redis_url: str, pg_url: str) -> None:
