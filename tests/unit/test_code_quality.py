@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fresh import fresh_python
+
 ROOT = Path(__file__).resolve().parents[2]
 CODE = ["worker", "api", "tests", "bench", "migrations"]
 
@@ -47,17 +49,15 @@ def test_mypy() -> None:
 )
 def test_imports_stay_light(module: str, forbidden: list[str]) -> None:
     code = f"import sys, {module}; print(' '.join(m for m in {forbidden!r} if m in sys.modules))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == ""
+    printed = fresh_python(code)
+    assert printed.strip() == ""
 
 
 def test_a_producer_import_loads_no_engine_store_or_model() -> None:
     """`from worker.tasks import infer` loads Celery and the checks: never the engine, SQL or a model."""
     code = "import sys\nfrom worker.tasks import infer\nprint(' '.join(sorted(sys.modules)))\n"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    loaded = done.stdout.split()
+    printed = fresh_python(code)
+    loaded = printed.split()
     heavy = [m for m in loaded if m.startswith(("worker.runtime", "worker.store", "sqlalchemy", "torch"))]
     models = [
         m
@@ -77,6 +77,5 @@ def test_the_pure_core_imports_nothing_of_the_edges() -> None:
         "edges = [m for m in sys.modules if m.startswith('worker.') and 'batching' not in m]\n"
         "print(' '.join(edges))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == ""
+    printed = fresh_python(code)
+    assert printed.strip() == ""

@@ -4,21 +4,19 @@ accounting of its SequenceScheduler driven by a fake page pool (every sequence f
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.fresh import fresh_python
 from worker.batching.sequences import Generation, SequenceScheduler
 from worker.models.base import InvalidInput
 from worker.models.gpt2 import GPT2
 from worker.models.gpt2.inputs import Prompt
 from worker.settings import Settings
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_CHARS = 100
 SETTINGS = Settings(max_input_chars=MAX_CHARS)
 OK = {"prompt": "Hello", "max_new_tokens": 5}
@@ -91,8 +89,7 @@ def test_importing_and_validating_does_not_load_torch() -> None:
         "heavy = [m for m in ('torch', 'transformers', 'tokenizers', 'safetensors') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    fresh_python(code)
 
 
 # -- the SequenceScheduler, driven as GPT2.advance drives it, with every token "1" --------------

@@ -5,13 +5,11 @@ Nothing here may load weights or need a service.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.support.fresh import fresh_python
 from tests.support.models import Echo
 from worker.models.base import InvalidInput
 from worker.models.noop import Noop
@@ -20,7 +18,6 @@ from worker.models.simulated import Simulated
 from worker.settings import Settings
 
 MAX_CHARS = 100
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ECHO = "tests.support.models:Echo"
 BAD_PATHS = [
     "no_such_package.models:Thing",
@@ -89,10 +86,9 @@ def test_a_model_outside_the_allow_list_is_refused_without_importing_it(name: st
         "    print(exc)\n"
         f"assert {module!r} not in sys.modules, 'imported'\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert "unknown model" in result.stdout
-    assert "The Zen of Python" not in result.stdout
+    printed = fresh_python(code)
+    assert "unknown model" in printed
+    assert "The Zen of Python" not in printed
 
 
 @pytest.mark.parametrize("value", [None, 7, ["minilm"], "x" * 10_000])
@@ -183,5 +179,4 @@ def test_importing_models_does_not_load_torch() -> None:
         "heavy = [m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    fresh_python(code)
