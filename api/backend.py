@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import redis
 
 from worker.broker.keys import Keys
+from worker.broker.producer import broker_redis, broker_unavailable
 from worker.client import Client
 from worker.errors import SetupError
 from worker.settings import PRIORITIES, Settings
@@ -32,7 +33,7 @@ class Backend:
     def from_settings(cls, settings: Settings) -> Backend:
         client = Client(settings)
         engine = client.store.engine  # SQLite: created and migrated on first use, like a producer's
-        broker = None if settings.embedded else _broker_redis(settings.broker_url)
+        broker = None if settings.embedded else broker_redis(settings.broker_url)
         return cls(settings, client, JobCatalog(engine), KeyStore(engine), broker)
 
     @property
@@ -43,10 +44,13 @@ class Backend:
         """Messages waiting in the broker per lane (LLEN of each priority's queue), in one round trip."""
         if self.broker is None:
             return dict.fromkeys(PRIORITIES, 0)
-        with self.broker.pipeline(transaction=False) as pipe:
-            for priority in PRIORITIES:
-                pipe.llen(Keys.of(self.settings).queue(priority))
-            lengths = pipe.execute()
+        try:
+            with self.broker.pipeline(transaction=False) as pipe:
+                for priority in PRIORITIES:
+                    pipe.llen(Keys.of(self.settings).queue(priority))
+                lengths = pipe.execute()
+        except redis.RedisError as exc:  # a submit then answers 503 with Retry-After
+            raise broker_unavailable(self.settings.broker_url, exc) from exc
         return {priority: int(length) for priority, length in zip(PRIORITIES, lengths, strict=True)}
 
     def health(self) -> dict[str, str]:
@@ -60,12 +64,6 @@ class Backend:
     def _ping_database(self) -> None:
         if not self.store.has_schema():  # reachable, but every route would fail: say why
             raise SetupError(f"no batchwork schema in {self.store.location()}: run `batchwork migrate`")
-
-
-def _broker_redis(url: str) -> redis.Redis:
-    from worker.broker.producer import broker_redis
-
-    return broker_redis(url)
 
 
 def _check(probe: Callable[[], None]) -> str:

@@ -230,3 +230,22 @@ def _health(url: str) -> httpx.Response | None:
         return httpx.get(f"{url}/healthz", timeout=2)
     except httpx.TransportError:
         return None
+
+
+def test_a_broker_that_is_down_is_503_with_retry_after_and_no_password(pg_store: ResultStore) -> None:
+    env = service_env("redis://:s3cret@127.0.0.1:1/0", pg_store.url, metrics_port=0)  # nothing listens on 1
+    alice = make_key(pg_store.url, "alice")
+    server = ApiProcess(env)
+    try:
+        health = wait_until(lambda: _health(server.url), 60, lambda: "\n".join(server.log[-20:]))
+        assert health.status_code == 503
+        client = Tenant(server.url, alice)
+        for body in ({"json": {"model": "noop", "inputs": ["a"]}}, {"content": b'"a"\n'}):
+            headers = {} if "json" in body else {"Content-Type": "application/x-ndjson"}
+            answer = client.http.post("/v1/jobs", params={"model": "noop"}, headers=headers, **body)
+            assert answer.status_code == 503, answer.text
+            assert answer.headers["Retry-After"]
+            assert answer.json()["detail"].startswith("cannot reach the broker at redis://:***@127.0.0.1:1/0")
+        assert not [line for line in server.log if "Traceback" in line]
+    finally:
+        server.stop()

@@ -36,6 +36,13 @@ _EMBED = b'{"callbacks":null,"errbacks":null,"chain":null,"chord":null}'
 
 
 @lru_cache(maxsize=4)
+def broker_unavailable(url: str, exc: Exception) -> BrokerUnavailable:
+    """The one line for a broker that cannot be reached; its URL without a password (an API answers it)."""
+    from worker.store.db import shown_url  # SQLAlchemy parses the URL; producers load it only here
+
+    return BrokerUnavailable(f"cannot reach the broker at {shown_url(url)}: {exc}")
+
+
 def broker_redis(url: str) -> redis.Redis:
     """The process's own Redis client on the broker (one connection pool, reused by every call).
 
@@ -87,7 +94,7 @@ class Publisher:
                     pipe.execute()
             pipe.execute()
         except redis.RedisError as exc:
-            raise BrokerUnavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+            raise broker_unavailable(self.url, exc) from exc
         return sent
 
     @staticmethod
@@ -158,7 +165,7 @@ class PendingJobs:
         try:
             record = self.client.hgetall(self.keys.job(job_id))
         except redis.RedisError as exc:
-            raise BrokerUnavailable(f"cannot reach the broker at {self.url}: {exc}") from exc
+            raise broker_unavailable(self.url, exc) from exc
         return {_text(k): _text(v) for k, v in record.items()} or None
 
     def forget(self, job_ids: list[str]) -> None:
