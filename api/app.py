@@ -13,6 +13,7 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 
 from api import jobs, ui
@@ -24,6 +25,7 @@ from api.metrics import ApiMetrics, RequestMetrics
 from api.schemas import Health
 from worker.errors import BrokerUnavailable, DatabaseUnavailable, InvalidInput, SetupError
 from worker.settings import Settings, get_settings
+from worker.store.db import database_unavailable
 
 DESCRIPTION = """Submit batch-inference jobs, poll them and stream their results.
 
@@ -53,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(SetupError, _unavailable)  # type: ignore[arg-type]
     app.add_exception_handler(BrokerUnavailable, _unavailable)  # type: ignore[arg-type]
     app.add_exception_handler(DatabaseUnavailable, _unavailable)  # type: ignore[arg-type]
+    app.add_exception_handler(DBAPIError, _database_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     # Added last runs first: metrics see every answer, 413s included.
     app.add_middleware(BodyLimit, settings=settings)
@@ -81,6 +84,15 @@ def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     """The broker or the database is away (or not set up): 503, and when to try again."""
     retry_after = str(request.app.state.backend.settings.api_retry_after_s)
     return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": retry_after})
+
+
+def _database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+    """A route that met the database away (or not migrated) answers 503 like the broker's outage; any
+    other database error is a bug and stays a 500 with its traceback."""
+    unavailable = database_unavailable(request.app.state.backend.settings.database_url, exc)
+    if unavailable is None:
+        raise exc
+    return _unavailable(request, unavailable)
 
 
 def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:

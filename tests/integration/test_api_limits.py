@@ -8,6 +8,7 @@ import hashlib
 import re
 import subprocess
 import sys
+import uuid
 
 import httpx
 import pytest
@@ -249,3 +250,31 @@ def test_a_broker_that_is_down_is_503_with_retry_after_and_no_password(pg_store:
         assert not [line for line in server.log if "Traceback" in line]
     finally:
         server.stop()
+
+
+def test_a_database_that_is_down_is_503_with_retry_after_in_every_route(redis_url: str) -> None:
+    server = ApiProcess(service_env(redis_url, "postgresql+psycopg://batchwork:s3cret@127.0.0.1:1/none"))
+    try:
+        wait_until(lambda: _health(server.url), 60, lambda: "\n".join(server.log[-20:]))
+        http = httpx.Client(base_url=server.url, headers={"Authorization": "Bearer bw_any"}, timeout=30)
+        answers = [
+            http.get("/v1/jobs"),
+            http.get(f"/v1/jobs/{uuid.uuid4()}"),
+            http.post("/v1/jobs", json={"model": "noop", "inputs": ["a"]}),
+            http.post(
+                "/v1/jobs",
+                params={"model": "noop"},
+                content=b'"a"\n',
+                headers={"Content-Type": "application/x-ndjson"},
+            ),
+            http.get("/v1/models"),
+        ]
+    finally:
+        server.stop()
+    for answer in answers:
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["Retry-After"]
+        assert answer.json()["detail"].startswith(
+            "cannot reach the database postgresql+psycopg://batchwork:***@"
+        )
+    assert not [line for line in server.log if "Traceback" in line]

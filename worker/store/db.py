@@ -113,14 +113,22 @@ def client_errors(url: str) -> Iterator[None]:
     try:
         yield
     except DBAPIError as exc:
-        if is_missing_schema(exc):
-            raise DatabaseUnavailable(
-                f"the database {shown_url(url)} has no batchwork schema (or an old one): "
-                "run `batchwork migrate`"
-            ) from exc
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
-        if isinstance(exc, OperationalError | InterfaceError):
-            raise DatabaseUnavailable(f"cannot reach the database {shown_url(url)}: {reason}") from exc
-        if type(exc) is DatabaseError:  # SQLite: the file is not a database (or is damaged)
-            raise DatabaseUnavailable(f"cannot use the database {shown_url(url)}: {reason}") from exc
-        raise
+        unavailable = database_unavailable(url, exc)
+        if unavailable is None:
+            raise
+        raise unavailable from exc
+
+
+def database_unavailable(url: str, exc: DBAPIError) -> DatabaseUnavailable | None:
+    """The one line for a database that is away, unusable or not migrated; None for any other failure
+    (a bug's, which keeps its traceback)."""
+    if is_missing_schema(exc):
+        return DatabaseUnavailable(
+            f"the database {shown_url(url)} has no batchwork schema (or an old one): run `batchwork migrate`"
+        )
+    reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+    if isinstance(exc, OperationalError | InterfaceError):
+        return DatabaseUnavailable(f"cannot reach the database {shown_url(url)}: {reason}")
+    if type(exc) is DatabaseError:  # SQLite: the file is not a database (or is damaged)
+        return DatabaseUnavailable(f"cannot use the database {shown_url(url)}: {reason}")
+    return None
