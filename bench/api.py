@@ -43,9 +43,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pollers", type=int, default=50, help="concurrent GET /v1/jobs/{id} loops")
     parser.add_argument("--polls", type=int, default=40, help="requests per poller")
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379")
+    parser.add_argument("--redis-url", help="an existing Redis (default: a redis-server of the bench's own)")
     parser.add_argument("--redis-db", type=int, default=13)
-    parser.add_argument("--postgres-url", default="postgresql+psycopg://root@127.0.0.1:5432/test")
+    parser.add_argument(
+        "--postgres-url", help="an existing PostgreSQL (default: a server of the bench's own)"
+    )
     return parser.parse_args(argv)
 
 

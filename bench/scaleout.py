@@ -41,9 +41,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--base-ms", type=float, default=200.0, help="simulated batch cost a in a + b*n")
     p.add_argument("--per-item-ms", type=float, default=4.0, help="simulated batch cost b in a + b*n")
     p.add_argument("--n", type=int, default=64, help="max_batch_size of every worker")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379")
+    p.add_argument("--redis-url", help="an existing Redis (default: a redis-server of the bench's own)")
     p.add_argument("--redis-db", type=int, default=13, help="flushed before and after")
-    p.add_argument("--postgres-url", default="postgresql+psycopg://root@127.0.0.1:5432/test")
+    p.add_argument("--postgres-url", help="an existing PostgreSQL (default: a server of the bench's own)")
     p.add_argument("--timeout-s", type=float, default=300, help="give up on one measured phase after this")
     p.add_argument(
         "--worker-setting",

@@ -1,8 +1,10 @@
 """A Redis database and a PostgreSQL schema of a bench run's own, claimed, emptied and given back; a SQLite
 file removed whole.
 
-The Redis claim uses the same keys as the tests' fixtures, so a bench and a test never share a
-database. Nothing here starts workers or reads batchwork settings.
+With no URL given, the bench starts a redis-server / PostgreSQL of its own (tests/support/services.py: free
+port, temporary directory, gone with the bench), so it touches no server's data. On a server given by URL,
+the Redis database is claimed with a key in database 0, so two runs never share one. Nothing here starts
+workers or reads batchwork settings.
 """
 
 from __future__ import annotations
@@ -17,13 +19,20 @@ import redis
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-CLAIM_KEY = "batchwork:test-db-claim:{}"
+from tests.support.services import PostgresServer, RedisServer
+
+CLAIM_KEY = "batchwork:bench-db-claim:{}"
 CLAIM_TTL_S = 1800
 
 
 @contextmanager
-def redis_database(base_url: str, wanted: int, owner: str) -> Iterator[tuple[redis.Redis, str]]:
-    """An empty Redis database (``wanted`` if free, else another of 1..15): its client and URL."""
+def redis_database(base_url: str | None, wanted: int, owner: str) -> Iterator[tuple[redis.Redis, str]]:
+    """An empty Redis database (``wanted`` if free, else another of 1..15): its client and URL. With no
+    ``base_url``, on a redis-server started for this run."""
+    if not base_url:
+        with RedisServer() as server, redis_database(server.url, wanted, owner) as found:
+            yield found
+        return
     base = base_url.rstrip("/")
     claims = redis.Redis.from_url(f"{base}/0")
     number = next(
@@ -49,9 +58,13 @@ def redis_database(base_url: str, wanted: int, owner: str) -> Iterator[tuple[red
 
 
 @contextmanager
-def postgres_schema(postgres_url: str, prefix: str) -> Iterator[tuple[Engine, str, str]]:
+def postgres_schema(postgres_url: str | None, prefix: str) -> Iterator[tuple[Engine, str, str]]:
     """A fresh schema, dropped with everything in it afterwards: an admin engine, its name, and a URL
-    whose search_path is that schema."""
+    whose search_path is that schema. With no ``postgres_url``, on a PostgreSQL started for this run."""
+    if not postgres_url:
+        with PostgresServer() as server, postgres_schema(server.url, prefix) as found:
+            yield found
+        return
     schema = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = create_engine(postgres_url)
     with admin.begin() as conn:

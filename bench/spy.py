@@ -1,6 +1,7 @@
 """Optional py-spy sampling of a worker during one measured phase, summed up as where the time goes.
 
-Used by bench.pipeline's figures with ``--py-spy DIR``; needs ``pip install py-spy`` and permission to ptrace.
+Used by bench.pipeline's figures with ``--py-spy DIR``; needs py-spy (``pip install -e '.[dev]'``) and ptrace
+rights.
 """
 
 from __future__ import annotations

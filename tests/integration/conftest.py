@@ -1,13 +1,16 @@
 """Fixtures giving each integration test its own SQLite file, PostgreSQL schema or Redis database.
 
-Every fixture cleans up after itself. A service that cannot be reached skips the test on a laptop but
-fails it under CI (env var CI set), so CI never passes by skipping.
+The test session starts its own redis-server and PostgreSQL (tests/support/services.py: free ports on
+127.0.0.1, temporary directories, gone with the session); no test talks to a Redis or PostgreSQL it did not
+start, so a machine's own servers and their data are never touched. Each pytest process (each xdist worker)
+has its own pair. Every fixture cleans up after itself. A server that cannot be started (a binary missing)
+skips the tests that need it on a laptop but fails them under CI (env var CI set), so CI never passes by
+skipping.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,21 +19,45 @@ import pytest
 import redis
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
 
 from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos  # noqa: F401  (fixtures for every test here)
+from tests.support.services import PostgresServer, RedisServer, ServiceUnavailable
 from worker.store.db import make_engine
 from worker.store.results import ResultStore
 from worker.store.schema import migrate
 
-POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
-# Host and port only; each test gets a database number of its own.
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
-
-# Database 0 holds the claims; tests use 1..15 (Redis has 16 databases unless configured otherwise).
+# The session's Redis: tests take databases 1..15 (one at a time per process: tests in a process run in turn).
 REDIS_TEST_DBS = range(1, 16)
-# Longer than pytest's per-test timeout, so a claim left by a killed run frees itself.
-REDIS_CLAIM_TTL_S = 900
+
+
+def _unavailable(error: ServiceUnavailable) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{error} (CI is set: no integration test may skip)", pytrace=False)
+    pytest.skip(str(error))
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """The session's own redis-server."""
+    try:
+        server = RedisServer()
+    except ServiceUnavailable as error:
+        _unavailable(error)
+        raise
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """The session's own PostgreSQL (database ``test``, superuser ``batchwork``, no password)."""
+    try:
+        server = PostgresServer()
+    except ServiceUnavailable as error:
+        _unavailable(error)
+        raise
+    with server:
+        yield server
 
 
 @pytest.fixture
@@ -39,19 +66,13 @@ def sqlite_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def pg_url() -> Iterator[str]:
+def pg_url(postgres_server: PostgresServer) -> Iterator[str]:
     """A URL whose search_path is a fresh schema, dropped with everything in it afterwards."""
     schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = make_engine(POSTGRES_URL)
-    try:
-        with admin.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except OperationalError as error:
-        admin.dispose()
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"PostgreSQL unreachable at {POSTGRES_URL}: {error.orig}")
-    url = make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    admin = make_engine(postgres_server.url)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(postgres_server.url).update_query_dict({"options": f"-csearch_path={schema}"})
     try:
         yield url.render_as_string(hide_password=False)
     finally:
@@ -87,18 +108,14 @@ def pg_store(pg_url: str) -> Iterator[ResultStore]:
         store.close()
 
 
+_free_redis_dbs = list(REDIS_TEST_DBS)
+
+
 @pytest.fixture
-def redis_url() -> Iterator[str]:
-    """A Redis database number of this test's own, empty before and flushed after."""
-    claims = redis.Redis.from_url(f"{REDIS_URL}/0")
-    try:
-        number = _claim_redis_db(claims)
-    except redis.ConnectionError as error:
-        claims.close()
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"Redis unreachable at {REDIS_URL}: {error}")
-    url = f"{REDIS_URL}/{number}"
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """A database number of the session's Redis for this test alone, empty before and flushed after."""
+    number = _free_redis_dbs.pop(0)
+    url = f"{redis_server.url}/{number}"
     client = redis.Redis.from_url(url)
     client.flushdb()
     try:
@@ -106,24 +123,20 @@ def redis_url() -> Iterator[str]:
     finally:
         client.flushdb()
         client.close()
-        claims.delete(_claim_key(number))
-        claims.close()
+        _free_redis_dbs.append(number)
 
 
-def _claim_key(number: int) -> str:
-    return f"batchwork:test-db-claim:{number}"
-
-
-def _claim_redis_db(claims: redis.Redis) -> int:
-    # A claim key (SET NX) rather than a counter: xdist workers and two checkouts testing at once are
-    # separate processes, and only Redis itself sees them all.
-    for number in random.sample(REDIS_TEST_DBS, len(REDIS_TEST_DBS)):
-        if claims.set(_claim_key(number), os.getpid(), nx=True, ex=REDIS_CLAIM_TTL_S):
-            return number
-    raise RuntimeError(
-        f"all Redis test databases {REDIS_TEST_DBS.start}..{REDIS_TEST_DBS.stop - 1} are claimed; "
-        f"wait for other test runs, or delete the keys {_claim_key(0)[:-1]}* in database 0"
-    )
+@pytest.fixture
+def own_redis_url() -> Iterator[str]:
+    """Database 0 of a redis-server started for this test alone: for tests that count the server's
+    commands (INFO commandstats is server-wide), so they count only their own."""
+    try:
+        server = RedisServer()
+    except ServiceUnavailable as error:
+        _unavailable(error)
+        raise
+    with server:
+        yield f"{server.url}/0"
 
 
 @pytest.fixture

@@ -84,7 +84,7 @@ def test_missing_wrong_and_revoked_keys_are_401(env: dict[str, str]) -> None:
 
 
 def test_keys_create_prints_a_key_once_and_stores_only_its_hash(sqlite_url: str) -> None:
-    env = service_env("redis://127.0.0.1:6379/0", sqlite_url)
+    env = service_env("redis://127.0.0.1:1/0", sqlite_url)  # needs no broker (none listens on 1)
     created = subprocess.run(
         [sys.executable, "-m", "worker.cli", "keys", "create", "--tenant", "alice"],
         env=env,

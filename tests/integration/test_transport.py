@@ -37,6 +37,13 @@ def publish(url: str, count: int, priority: str = "normal") -> str:
 
 
 @pytest.fixture
+def redis_url(own_redis_url: str) -> str:
+    """Tests here count the server's commands (INFO commandstats is server-wide): each has a redis-server of
+    its own, so nothing but the test itself is counted."""
+    return own_redis_url
+
+
+@pytest.fixture
 def channel(redis_url: str) -> Iterator[tuple[Any, list[Any], redis.Redis]]:
     """A channel consuming the three priority queues; delivered messages collect in the list."""
     connection = Connection(redis_url, transport=TRANSPORT, transport_options={"visibility_timeout": 1})
@@ -57,6 +64,7 @@ def evals(client: redis.Redis) -> int:
 
 def test_one_round_trip_takes_many_messages_and_holds_them_all(channel: Any, redis_url: str) -> None:
     chan, received, client = channel
+    assert chan.fetch() == 0  # a fresh server answers a script's first call NOSCRIPT: load it here
     publish(redis_url, 40)
     before = evals(client)
     assert chan.fetch() == 40
