@@ -9,22 +9,32 @@ import os
 import re
 from functools import lru_cache
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from worker.batching.policy import PRIORITIES
-from worker.models.registry import BUILTIN_MODELS, MAX_MODEL_NAME_CHARS, builtin_model_class
+from worker.bounds import MAX_MODEL_NAME_CHARS
+from worker.models.registry import BUILTIN_MODELS, builtin_model_class
 
 __all__ = ["PRIORITIES", "BatchingSettings", "LaneSettings", "Settings", "get_settings"]
 
 # A model is a built-in name or an import path: dotted module, one colon, a class name.
 _MODEL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+# The brokers batchwork speaks (memory: the embedded run) and, per database, the drivers it installs.
+BROKER_SCHEMES = ("redis", "rediss", "memory")
+DATABASE_DRIVERS = {"sqlite": ("pysqlite",), "postgresql": ("psycopg",)}
+_DATABASE_EXAMPLE = "sqlite:///FILE or postgresql+psycopg://USER:PASSWORD@HOST:5432/DB"
 
 
 class LaneSettings(BaseModel):
     """What a deployment sets for one priority lane of a model; unset fields keep the derived defaults
     (README, "Priority lanes")."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt key (max_wate_ms) is refused, never ignored
 
     max_batch_size: int | None = Field(default=None, ge=1)
     max_wait_ms: float | None = Field(default=None, ge=0)
@@ -36,6 +46,8 @@ class BatchingSettings(BaseModel):
     """What a deployment sets for one model's batching (BATCHWORK_BATCHING, and the shape tuned limits are
     stored in); any field left unset falls back to the tuned limits, then to the model's own default. The
     pure core resolves it into one LanePolicy per lane (worker/batching/policy.py)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     max_batch_size: int | None = Field(default=None, ge=1, description="N: flush at this many items")
     max_wait_ms: float | None = Field(default=None, ge=0, description="T: flush when the oldest item waited")
@@ -156,6 +168,48 @@ class Settings(BaseSettings):
     simulated_base_ms: float = Field(default=20.0, ge=0, description="simulated model: a in a + b*n")
     simulated_per_item_ms: float = Field(default=1.0, ge=0, description="simulated model: b in a + b*n")
 
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in BROKER_SCHEMES or "://" not in url:
+            raise ValueError(
+                f"{parts.scheme + '://...' if parts.scheme else 'not a URL'}: batchwork's broker is Redis "
+                "(redis://HOST:6379/0, rediss://...) or memory:// (the embedded run)"
+            )
+        if parts.scheme != "memory":
+            _check_redis_url(parts)
+        return url
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, url: str) -> str:
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError):
+            raise ValueError(f"not a database URL: use {_DATABASE_EXAMPLE}") from None
+        backend, _, driver = parsed.drivername.partition("+")  # no dialect loaded: it may not exist
+        drivers = DATABASE_DRIVERS.get("postgresql" if backend == "postgres" else backend)
+        if drivers is None:
+            raise ValueError(
+                f"{backend or url[:20]!r} is not a database batchwork runs on: use {_DATABASE_EXAMPLE}"
+            )
+        if driver and driver not in drivers:
+            raise ValueError(f"{parsed.drivername}: the {backend} driver batchwork installs is {drivers[0]}")
+        return url
+
+    @field_validator("batching", "model_options")
+    @classmethod
+    def _served_models_only(cls, blocks: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        served: list[str] = info.data.get("models") or []
+        unknown = sorted(set(blocks) - set(served)) if "models" in info.data else []
+        if unknown:
+            served_list = ", ".join(served)
+            raise ValueError(
+                f"{unknown[0]!r} is not a model this deployment serves (BATCHWORK_MODELS: {served_list})"
+            )
+        return blocks
+
     @field_validator("model_options")
     @classmethod
     def _builtin_model_options(cls, options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -172,7 +226,7 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"model names are at most {MAX_MODEL_NAME_CHARS} characters: {name[:40]!r}..."
                 )
-            if name not in BUILTIN_MODELS and not _MODEL_PATH.match(name):
+            if name not in BUILTIN_MODELS and not _MODEL_PATH.fullmatch(name):
                 raise ValueError(
                     f"{name!r} is neither a built-in model ({', '.join(sorted(BUILTIN_MODELS))}) "
                     "nor an import path 'package.module:ClassName'"
@@ -183,6 +237,18 @@ class Settings(BaseSettings):
     def embedded(self) -> bool:
         """True when no broker is configured: `batchwork run` then starts a worker in its own process."""
         return self.broker_url.startswith("memory://")
+
+
+def _check_redis_url(parts: SplitResult) -> None:
+    try:
+        parts.port  # noqa: B018  (reading it checks it)
+    except ValueError as exc:
+        raise ValueError(f"{parts.scheme}:// URL: {exc}") from None
+    if not parts.hostname:
+        raise ValueError(f"{parts.scheme}:// URL without a host: use {parts.scheme}://HOST:6379/0")
+    database = parts.path.strip("/")
+    if database and not database.isdigit():
+        raise ValueError(f"{parts.scheme}:// URL: the path is a database number (/0), not {database[:40]!r}")
 
 
 @lru_cache(maxsize=1)

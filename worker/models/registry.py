@@ -25,8 +25,6 @@ BUILTIN_MODELS: dict[str, str] = {
     "noop": "worker.models.noop:Noop",
     "simulated": "worker.models.simulated:Simulated",
 }
-# The longest model name a job row keeps (jobs.model); longer names are refused, never stored.
-MAX_MODEL_NAME_CHARS = 200
 
 
 class UnknownModel(InvalidInput):
@@ -47,7 +45,14 @@ def model_class(name: object, settings: Settings) -> type[Model]:
             f"unknown model {shown(name)}: this deployment serves {', '.join(settings.models)} "
             "(BATCHWORK_MODELS lists them)"
         )
-    return _import_model(BUILTIN_MODELS.get(name, name))
+    cls = _import_model(BUILTIN_MODELS.get(name, name))
+    block = settings.model_options.get(name)
+    if block is not None and name not in BUILTIN_MODELS:  # a built-in's block was checked at settings load
+        try:
+            cls.options_from(block)
+        except ValueError as exc:  # its Options were unknown until now: a misspelt key is refused here
+            raise UnknownModel(f"bad setting BATCHWORK_MODEL_OPTIONS: {exc}") from None
+    return cls
 
 
 def builtin_model_class(name: str) -> type[Model]:
