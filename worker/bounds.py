@@ -51,6 +51,14 @@ def unstorable(text: str) -> str | None:
     return "a NUL character" if char == "\x00" else f"a lone surrogate (U+{ord(char):04X})"
 
 
+def storable(text: str) -> str:
+    """``text`` with what no column stores written as escapes (``\\x00``, ``\\ud800``): for texts of ours that
+    repeat a caller's value, such as an exception's message, so both stores keep the same line."""
+    if unstorable(text) is None:
+        return text
+    return _UNSTORABLE.sub(lambda found: found.group().encode("unicode_escape").decode(), text)
+
+
 def check_text(text: str, what: str, index: int | None = None) -> str:
     """``text`` if every character of it can be stored, else InvalidInput naming ``what`` holds."""
     problem = unstorable(text)

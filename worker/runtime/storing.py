@@ -179,7 +179,9 @@ class Storer:
         self, outcome: ItemOutcome, jobs: list[JobSpec], with_record: bool, error: Exception
     ) -> None:
         reason = f"could not store the output: {refused_text(error)}"
-        attempts = [outcome.as_error(reason), outcome.as_error(reason, keep_id=False)]
+        # Last, the reason alone: the item's own error text may be what was refused (a NUL it repeats).
+        bare = ItemOutcome(outcome.job_id, outcome.index, None, error=reason)
+        attempts = [outcome.as_error(reason), outcome.as_error(reason, keep_id=False), bare]
         if with_record:
             attempts.insert(0, outcome)  # the batch record may have been what was refused
         for attempt in attempts:
