@@ -27,6 +27,9 @@ _MODEL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 # The brokers batchwork speaks (memory: the embedded run) and, per database, the drivers it installs.
 BROKER_SCHEMES = ("redis", "rediss", "memory")
 DATABASE_DRIVERS = {"sqlite": ("pysqlite",), "postgresql": ("psycopg",)}
+_BROKER_HELP = (
+    "batchwork's broker is Redis (redis://HOST:6379/0, rediss://...) or memory:// (the embedded run)"
+)
 _DATABASE_EXAMPLE = "sqlite:///FILE or postgresql+psycopg://USER:PASSWORD@HOST:5432/DB"
 
 
@@ -172,11 +175,10 @@ class Settings(BaseSettings):
     @classmethod
     def _broker_url(cls, url: str) -> str:
         parts = urlsplit(url)
-        if parts.scheme not in BROKER_SCHEMES or "://" not in url:
-            raise ValueError(
-                f"{parts.scheme + '://...' if parts.scheme else 'not a URL'}: batchwork's broker is Redis "
-                "(redis://HOST:6379/0, rediss://...) or memory:// (the embedded run)"
-            )
+        if not parts.scheme or "://" not in url:
+            raise ValueError(f"not a URL: {_BROKER_HELP}")
+        if parts.scheme not in BROKER_SCHEMES:
+            raise ValueError(f"{parts.scheme}://...: {_BROKER_HELP}")
         if parts.scheme != "memory":
             _check_redis_url(parts)
         return url
