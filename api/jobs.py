@@ -60,12 +60,22 @@ _SUBMIT_BODY = {
 }
 
 
+# What a client (and schemathesis' stateful phase) can do next with a job it was given.
+_JOB_LINKS = {
+    name: {"operationId": operation, "parameters": {"job_id": "$response.body#/id"}}
+    for name, operation in (("GetJob", "get_job"), ("GetResults", "job_results"), ("Cancel", "cancel_job"))
+}
+
+
 @router.post(
     "/jobs",
     status_code=202,
     response_model=Job,
     openapi_extra={"requestBody": _SUBMIT_BODY},
-    responses=error_responses(413, 429, 503),
+    responses={
+        202: {"description": "the job, queued", "links": _JOB_LINKS},
+        **error_responses(413, 429, 503),
+    },
 )
 async def submit_job(
     request: Request,
@@ -173,7 +183,7 @@ def list_jobs(
     return JobList(jobs=[Job.of(status) for status in page.jobs], next_cursor=page.next_cursor)
 
 
-@router.get("/jobs/{job_id}", response_model=Job, responses=error_responses(404))
+@router.get("/jobs/{job_id}", response_model=Job, responses=error_responses(404), operation_id="get_job")
 def get_job(job_id: JobId, key: Caller, served: Served) -> Job:
     """State, counts (with failed items by error kind), timestamps and metadata."""
     status = _status(served, job_id, key.tenants)
@@ -183,6 +193,7 @@ def get_job(job_id: JobId, key: Caller, served: Served) -> Job:
 
 @router.get(
     "/jobs/{job_id}/results",
+    operation_id="job_results",
     response_class=StreamingResponse,
     responses={
         200: {"content": {limits.NDJSON: {"schema": {"type": "string"}}}, "description": "one line per item"},
@@ -215,7 +226,9 @@ def _ndjson_chunks(first: list[ItemOutcome], outcomes: Iterator[ItemOutcome]) ->
         chunk = list(islice(outcomes, RESULT_LINES_PER_CHUNK))
 
 
-@router.post("/jobs/{job_id}/cancel", response_model=Job, responses=error_responses(404))
+@router.post(
+    "/jobs/{job_id}/cancel", response_model=Job, responses=error_responses(404), operation_id="cancel_job"
+)
 def cancel_job(job_id: JobId, key: Caller, served: Served) -> Job:
     """Cancel a queued or running job (a finished one stays as it is); its waiting items end cancelled."""
     _status(served, job_id, key.tenants)
