@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 
 from api import jobs, ui
-from api.auth import KeyCache, backend
+from api.auth import backend
 from api.backend import Backend
 from api.checking import Checker
 from api.limits import BodyLimit
@@ -48,7 +48,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="batchwork", version="1", description=DESCRIPTION, redoc_url=None, lifespan=lifespan)
     app.state.backend = served
     app.state.checker = checker
-    app.state.key_cache = KeyCache()
     app.include_router(jobs.router)
     app.include_router(ui.router)
     app.add_exception_handler(InvalidInput, _invalid_input)  # type: ignore[arg-type]

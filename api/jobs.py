@@ -15,7 +15,7 @@ from itertools import islice
 from typing import Annotated
 from uuid import uuid4
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -27,17 +27,23 @@ from api.backend import Backend
 from api.checking import Checker
 from api.schemas import Job, JobList, JobRequest, JobState, ModelInfo, error_responses
 from api.spool import CheckedPiece, NdjsonSpool, Piece
+from worker.bounds import MAX_COUNT
 from worker.calls import InferCall, expiry
 from worker.jsonl import write_results
 from worker.models.registry import served_models
 from worker.store.catalog import InvalidCursor
 from worker.store.keys import ApiKey
 from worker.store.results import JobStatus
+from worker.store.values import ItemOutcome
 
 router = APIRouter(prefix="/v1", responses=error_responses(401, 422))
 
 Caller = Annotated[ApiKey, Depends(caller)]
 Served = Annotated[Backend, Depends(backend)]
+# Any other string names no job: 404, found without a query (the store never sees it).
+JobId = Annotated[
+    str, Path(description="a job id from POST /v1/jobs (a UUID)", json_schema_extra={"format": "uuid"})
+]
 
 RESULT_LINES_PER_CHUNK = 1000  # lines per write to the socket when streaming results
 # NDJSON arrives in socket-sized pieces (~64 KiB); it is checked a MiB at a time (one hop to a checker each).
@@ -54,12 +60,22 @@ _SUBMIT_BODY = {
 }
 
 
+# What a client (and schemathesis' stateful phase) can do next with a job it was given.
+_JOB_LINKS = {
+    name: {"operationId": operation, "parameters": {"job_id": "$response.body#/id"}}
+    for name, operation in (("GetJob", "get_job"), ("GetResults", "job_results"), ("Cancel", "cancel_job"))
+}
+
+
 @router.post(
     "/jobs",
     status_code=202,
     response_model=Job,
     openapi_extra={"requestBody": _SUBMIT_BODY},
-    responses=error_responses(413, 429, 503),
+    responses={
+        202: {"description": "the job, queued", "links": _JOB_LINKS},
+        **error_responses(413, 429, 503),
+    },
 )
 async def submit_job(
     request: Request,
@@ -157,7 +173,7 @@ def list_jobs(
     served: Served,
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: str | None = None,
+    cursor: Annotated[str | None, Query(max_length=200, description="next_cursor of the last page")] = None,
 ) -> JobList:
     """The caller's jobs, newest first; follow ``next_cursor`` for older ones."""
     try:
@@ -167,8 +183,8 @@ def list_jobs(
     return JobList(jobs=[Job.of(status) for status in page.jobs], next_cursor=page.next_cursor)
 
 
-@router.get("/jobs/{job_id}", response_model=Job, responses=error_responses(404))
-def get_job(job_id: str, key: Caller, served: Served) -> Job:
+@router.get("/jobs/{job_id}", response_model=Job, responses=error_responses(404), operation_id="get_job")
+def get_job(job_id: JobId, key: Caller, served: Served) -> Job:
     """State, counts (with failed items by error kind), timestamps and metadata."""
     status = _status(served, job_id, key.tenants)
     errors = served.catalog.error_kinds(job_id) if status.failed else {}
@@ -177,6 +193,7 @@ def get_job(job_id: str, key: Caller, served: Served) -> Job:
 
 @router.get(
     "/jobs/{job_id}/results",
+    operation_id="job_results",
     response_class=StreamingResponse,
     responses={
         200: {"content": {limits.NDJSON: {"schema": {"type": "string"}}}, "description": "one line per item"},
@@ -184,27 +201,35 @@ def get_job(job_id: str, key: Caller, served: Served) -> Job:
     },
 )
 def job_results(
-    job_id: str,
+    job_id: JobId,
     key: Caller,
     served: Served,
-    after: Annotated[int, Query(ge=-1, description="only items of index above this")] = -1,
-    limit: Annotated[int | None, Query(ge=1, description="at most this many lines")] = None,
+    after: Annotated[int, Query(ge=-1, le=MAX_COUNT, description="only items of index above this")] = -1,
+    limit: Annotated[int | None, Query(ge=1, le=MAX_COUNT, description="at most this many lines")] = None,
 ) -> StreamingResponse:
-    """Stored results in index order as NDJSON (``index``, ``id``, ``output`` or ``error``), streamed."""
+    """Stored results in index order as NDJSON (``index``, ``id``, ``output`` or ``error``), streamed.
+
+    The job and the first lines are read before the answer starts: a database that fails then is a 503, not
+    a body broken after its 200."""
     _status(served, job_id, key.tenants)
     outcomes = islice(served.store.results(job_id, after=after), limit)
-    return StreamingResponse(_ndjson_chunks(outcomes), media_type=limits.NDJSON)
+    first = list(islice(outcomes, RESULT_LINES_PER_CHUNK))
+    return StreamingResponse(_ndjson_chunks(first, outcomes), media_type=limits.NDJSON)
 
 
-def _ndjson_chunks(outcomes: Iterator[object]) -> Iterator[bytes]:
-    while chunk := list(islice(outcomes, RESULT_LINES_PER_CHUNK)):
+def _ndjson_chunks(first: list[ItemOutcome], outcomes: Iterator[ItemOutcome]) -> Iterator[bytes]:
+    chunk = first
+    while chunk:
         out = io.BytesIO()
         write_results(out, chunk)
         yield out.getvalue()
+        chunk = list(islice(outcomes, RESULT_LINES_PER_CHUNK))
 
 
-@router.post("/jobs/{job_id}/cancel", response_model=Job, responses=error_responses(404))
-def cancel_job(job_id: str, key: Caller, served: Served) -> Job:
+@router.post(
+    "/jobs/{job_id}/cancel", response_model=Job, responses=error_responses(404), operation_id="cancel_job"
+)
+def cancel_job(job_id: JobId, key: Caller, served: Served) -> Job:
     """Cancel a queued or running job (a finished one stays as it is); its waiting items end cancelled."""
     _status(served, job_id, key.tenants)
     served.store.cancel(job_id)

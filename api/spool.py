@@ -19,6 +19,7 @@ from api.limits import check_job_size
 from worker.broker.producer import parts
 from worker.calls import check_items, new_call
 from worker.errors import InvalidInput
+from worker.jsonl import json_error
 from worker.settings import Settings
 
 # A line holds one item of at most max_input_chars characters; JSON may spell a character in up to six
@@ -69,7 +70,7 @@ def _first_bad_json(raws: list[bytes], numbers: Sequence[int]) -> str:
         try:
             orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            return f"line {number}: not valid JSON ({exc})"
+            return f"line {number}, {json_error(raw, exc)}"
     raise AssertionError("a line failed to parse, then parsed")
 
 

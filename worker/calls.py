@@ -15,21 +15,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from worker.bounds import MAX_COUNT, MAX_ITEM_ID_CHARS, check_text, is_count, is_job_id
 from worker.models.base import InvalidInput, Model
 from worker.models.registry import model_class, shown
 from worker.settings import PRIORITIES, Settings
 
+__all__ = [
+    "MAX_COUNT",
+    "MAX_ITEM_ID_CHARS",
+    "InferCall",
+    "check_item",
+    "check_items",
+    "job_id_of",
+    "new_call",
+]
+
 TASK_NAME = "batchwork.infer"
-# The longest user id an item may carry (results.item_id).
-MAX_ITEM_ID_CHARS = 200
 # What a caller passes to infer.delay / client.submit.
 CALL_ARGUMENTS = ("model", "inputs", "priority", "deadline_s")
 # What a message carries: the call, plus which job its items belong to and where they sit in it.
 # A time past this (the year 3000) is no one's clock: it is refused before a datetime or database meets it.
 LAST_UNIX_TIME = 32_503_680_000
 MESSAGE_ARGUMENTS = ("model", "inputs", "priority", "job_id", "offset", "total", "expires_at", "created_at")
-# Row numbers are 32-bit integers in SQL; no count or index may pass this.
-MAX_COUNT = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,17 +158,13 @@ def item_id(index: int, item: object) -> str | None:
         raise InvalidInput(
             f"field 'id' has {len(ident)} characters, over the limit of {MAX_ITEM_ID_CHARS}", index
         )
-    return ident
+    return check_text(ident, "field 'id'", index)
 
 
 def job_id_of(value: object, name: str = "job_id") -> str:
     """A job id as batchwork makes them: a UUID in its canonical form (36 characters, lower case)."""
-    if isinstance(value, str) and len(value) == 36:
-        try:
-            if str(uuid.UUID(value)) == value:
-                return value
-        except ValueError:
-            pass
+    if is_job_id(value):
+        return value
     raise InvalidInput(f"{name} must be a UUID like {uuid.UUID(int=0)}, not {shown(value)}")
 
 
@@ -206,8 +209,10 @@ def _priority(value: object) -> str:
 
 
 def _count(value: object, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
-        raise InvalidInput(f"argument '{name}' must be a non-negative integer, not {shown(value)}")
+    if not is_count(value):
+        raise InvalidInput(
+            f"argument '{name}' must be a non-negative integer (at most {MAX_COUNT}), not {shown(value)}"
+        )
     return value
 
 

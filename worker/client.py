@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 from uuid import uuid4
 
+from worker.bounds import check_json
 from worker.broker.keys import Keys
 from worker.calls import InferCall, check_items, job_id_of, new_call
 from worker.errors import InvalidInput, JobNotFound, NoWorker
@@ -90,7 +91,9 @@ class Client:
         return call.job_id
 
     def register(self, call: InferCall, *, tenant: str = "default", metadata: Any = None) -> None:
-        """Record the job of a checked call in SQL (``call.total`` items), before any of it is published."""
+        """Record the job of a checked call in SQL (``call.total`` items), before any of it is published;
+        InvalidInput for metadata the store could not keep."""
+        check_json(metadata, "metadata")
         spec = JobSpec(call.job_id, call.model, call.priority, call.total)
         self.store.create_job(spec, create_schema=True, tenant=tenant, metadata=metadata)
 

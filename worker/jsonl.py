@@ -53,15 +53,26 @@ def read_inputs(path: Path, max_items: int) -> Inputs:
         try:
             inputs.append(orjson.loads(line))
         except orjson.JSONDecodeError as exc:
-            raise InputFileError(
-                f"{path}, line {number}, column {exc.colno}: not valid JSON ({exc.msg})"
-            ) from None
+            raise InputFileError(f"{path}, line {number}, {json_error(line, exc)}") from None
         inputs.lines.append(number)
         if len(inputs) > max_items:
             raise InputFileError(f"{path}: more than {max_items} items (BATCHWORK_MAX_ITEMS_PER_JOB)")
     if not inputs:
         raise InputFileError(f"{path}: no inputs")
     return inputs
+
+
+def json_error(line: bytes, exc: orjson.JSONDecodeError) -> str:
+    """Where in ``line`` it stops being JSON and why, as "column C: ...", C counting characters from 1.
+
+    orjson says column 1 for any byte that is not UTF-8 (a Latin-1 file's 'é'); this points at that byte.
+    """
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        column = len(line[: bad.start].decode("utf-8")) + 1
+        return f"column {column}: not UTF-8 (byte 0x{line[bad.start]:02x}: save the file as UTF-8)"
+    return f"column {exc.colno}: not valid JSON ({exc.msg})"
 
 
 def check_output_path(path: Path | None) -> None:

@@ -8,19 +8,32 @@ from __future__ import annotations
 import os
 from functools import cache, lru_cache
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from worker.batching.policy import PRIORITIES
 from worker.models.registry import BUILTIN_MODELS, ModelSpec, builtin_model_class, parse_model_entry
 
 __all__ = ["PRIORITIES", "BatchingSettings", "LaneSettings", "Settings", "get_settings"]
 
+# The brokers batchwork speaks (memory: the embedded run) and, per database, the drivers it installs.
+BROKER_SCHEMES = ("redis", "rediss", "memory")
+DATABASE_DRIVERS = {"sqlite": ("pysqlite",), "postgresql": ("psycopg",)}
+_BROKER_HELP = (
+    "batchwork's broker is Redis (redis://HOST:6379/0, rediss://...) or memory:// (the embedded run)"
+)
+_DATABASE_EXAMPLE = "sqlite:///FILE or postgresql+psycopg://USER:PASSWORD@HOST:5432/DB"
+
 
 class LaneSettings(BaseModel):
     """What a deployment sets for one priority lane of a model; unset fields keep the derived defaults
     (README, "Priority lanes")."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt key (max_wate_ms) is refused, never ignored
 
     max_batch_size: int | None = Field(default=None, ge=1)
     max_wait_ms: float | None = Field(default=None, ge=0)
@@ -32,6 +45,8 @@ class BatchingSettings(BaseModel):
     """What a deployment sets for one model's batching (BATCHWORK_BATCHING, and the shape tuned limits are
     stored in); any field left unset falls back to the tuned limits, then to the model's own default. The
     pure core resolves it into one LanePolicy per lane (worker/batching/policy.py)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     max_batch_size: int | None = Field(default=None, ge=1, description="N: flush at this many items")
     max_wait_ms: float | None = Field(default=None, ge=0, description="T: flush when the oldest item waited")
@@ -153,6 +168,48 @@ class Settings(BaseSettings):
     simulated_base_ms: float = Field(default=20.0, ge=0, description="simulated model: a in a + b*n")
     simulated_per_item_ms: float = Field(default=1.0, ge=0, description="simulated model: b in a + b*n")
 
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if not parts.scheme or "://" not in url:
+            raise ValueError(f"not a URL: {_BROKER_HELP}")
+        if parts.scheme not in BROKER_SCHEMES:
+            raise ValueError(f"{parts.scheme}://...: {_BROKER_HELP}")
+        if parts.scheme != "memory":
+            _check_redis_url(parts)
+        return url
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, url: str) -> str:
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError):
+            raise ValueError(f"not a database URL: use {_DATABASE_EXAMPLE}") from None
+        backend, _, driver = parsed.drivername.partition("+")  # no dialect loaded: it may not exist
+        drivers = DATABASE_DRIVERS.get("postgresql" if backend == "postgres" else backend)
+        if drivers is None:
+            raise ValueError(
+                f"{backend or url[:20]!r} is not a database batchwork runs on: use {_DATABASE_EXAMPLE}"
+            )
+        if driver and driver not in drivers:
+            raise ValueError(f"{parsed.drivername}: the {backend} driver batchwork installs is {drivers[0]}")
+        return url
+
+    @field_validator("batching", "model_options")
+    @classmethod
+    def _served_models_only(cls, blocks: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        served = list(_served(tuple(info.data.get("models") or [])))
+        # A "KIND:/dir" key is for the embedded run's --model KIND:/dir, which serves it in its own process.
+        unknown = [key for key in blocks if key not in served and not _names_a_checkpoint(key)]
+        if unknown and "models" in info.data:
+            served_list = ", ".join(served)
+            raise ValueError(
+                f"{unknown[0]!r} is not a model this deployment serves (BATCHWORK_MODELS: {served_list})"
+            )
+        return blocks
+
     @field_validator("model_options")
     @classmethod
     def _builtin_model_options(cls, options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -193,10 +250,29 @@ class Settings(BaseSettings):
         return self.broker_url.startswith("memory://")
 
 
+def _names_a_checkpoint(key: str) -> bool:
+    try:
+        return parse_model_entry(key).kind is not None
+    except ValueError:
+        return False
+
+
 @cache
 def _served(models: tuple[str, ...]) -> dict[str, ModelSpec]:
     # Parsed once per list (model_copy may change it), read on every call that names a model.
     return {spec.name: spec for spec in map(parse_model_entry, models)}
+
+
+def _check_redis_url(parts: SplitResult) -> None:
+    try:
+        parts.port  # noqa: B018  (reading it checks it)
+    except ValueError as exc:
+        raise ValueError(f"{parts.scheme}:// URL: {exc}") from None
+    if not parts.hostname:
+        raise ValueError(f"{parts.scheme}:// URL without a host: use {parts.scheme}://HOST:6379/0")
+    database = parts.path.strip("/")
+    if database and not database.isdigit():
+        raise ValueError(f"{parts.scheme}:// URL: the path is a database number (/0), not {database[:40]!r}")
 
 
 @lru_cache(maxsize=1)

@@ -99,7 +99,7 @@ def test_a_bad_ndjson_line_refuses_the_whole_body_and_enqueues_nothing(env: dict
             headers={"Content-Type": "application/x-ndjson"},
         )
         assert answer.status_code == 422
-        assert answer.json()["detail"].startswith("line 2: not valid JSON")
+        assert answer.json()["detail"] == "line 2, column 10: not valid JSON (unexpected end of data)"
         json_answer = client.http.post("/v1/jobs", json={"model": "no-such-model", "inputs": ["x"]})
         assert json_answer.status_code == 422
         assert "unknown model 'no-such-model'" in json_answer.json()["detail"]

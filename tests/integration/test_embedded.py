@@ -43,15 +43,21 @@ def test_run_minilm_gives_unit_384d_embeddings(tmp_path: Path) -> None:
     ("content", "message"),
     [
         ('{"text": "fine"}\n{not json}\n', "line 2, column 2: not valid JSON"),
+        # Latin-1, not UTF-8: the column is the bad byte's own, not orjson's column 1.
+        (
+            b'{"text": "fine"}\n{"id": 1, "text": "caf\xe9 au lait"}\n',
+            "line 2, column 23: not UTF-8 (byte 0xe9",
+        ),
+        ('{"text": "d\u00e9j\u00e0"}\n{"text": "d\u00e9j\u00e0" x}\n', "line 2, column 17: not valid JSON"),
         ('{"text": "fine"}\n\n{"id": 3}\n', "line 3: missing field 'text'"),
         ('{"text": 5}\n', "line 1: field 'text' must be a string"),
         ("\n\n", "no inputs"),
     ],
 )
 def test_a_bad_file_is_refused_with_its_line_and_no_traceback(
-    tmp_path: Path, content: str, message: str
+    tmp_path: Path, content: str | bytes, message: str
 ) -> None:
-    (tmp_path / "in.jsonl").write_text(content)
+    (tmp_path / "in.jsonl").write_bytes(content if isinstance(content, bytes) else content.encode())
     done = batchwork(tmp_path, "run", "in.jsonl", "--model", "noop", timeout_s=60)
     assert done.returncode == 2
     assert message in done.stderr

@@ -65,7 +65,11 @@ def test_lines_are_published_as_they_came_crlf_and_spacing_included() -> None:
 @pytest.mark.parametrize(
     ("body", "error"),
     [
-        (b'"a"\n"b"\n{"text": \n', "line 3: not valid JSON"),
+        (b'"a"\n"b"\n{"text": \n', "line 3, column 10: not valid JSON (unexpected end of data)"),
+        # One line number, the body's (orjson's own message names the line within the piece), and the
+        # column of a byte that is not UTF-8 (orjson says column 1).
+        (b'"a"\n' * 6 + b'{"text": "caf\xe9"}\n', "line 7, column 14: not UTF-8 (byte 0xe9"),
+        (b'"\xc3\xa9t\xc3\xa9"\n"x\xffy"\n', "line 2, column 3: not UTF-8 (byte 0xff"),
         (b'"a"\n\n{"id": 1, "text": ""}\n', "line 3: field 'text' is empty"),
         (b'"a"\n' * 9 + b"17\n", "line 10: expected a string or an object with field 'text'"),
         (b"\n\n", "the body holds no inputs"),

@@ -87,7 +87,7 @@ class Model:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "options"
             problem = "unknown option" if first["type"] == "extra_forbidden" else first["msg"]
-            raise ValueError(f"{cls.name}: {where}: {problem}") from None
+            raise ValueError(f"{getattr(cls, 'name', cls.__qualname__)}: {where}: {problem}") from None
 
     def options(self) -> ModelOptions:
         """This model's block of BATCHWORK_MODEL_OPTIONS (defaults where it has none)."""

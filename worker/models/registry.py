@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, NamedTuple
 
+from worker.bounds import MAX_MODEL_NAME_CHARS
 from worker.models.base import InvalidInput, Model
 
 if TYPE_CHECKING:
@@ -36,8 +37,6 @@ MODEL_KINDS: dict[str, str] = {
     "classify": "worker.models.encoders:Classifier",
     "generate": "worker.models.causal_lm:CausalLM",
 }
-# The longest model name a job row keeps (jobs.model); longer names are refused, never stored.
-MAX_MODEL_NAME_CHARS = 200
 
 
 class UnknownModel(InvalidInput):
@@ -75,7 +74,7 @@ def _parse_entry(entry: str) -> ModelSpec:
         if not directory:
             raise ValueError(f"{entry!r}: {kind}: needs a checkpoint directory, e.g. {kind}:/models/mine")
         return ModelSpec(name if equals else entry, MODEL_KINDS[kind], kind, directory)
-    if not equals and _MODEL_PATH.match(entry):
+    if not equals and _MODEL_PATH.fullmatch(entry):
         return ModelSpec(entry, entry)
     raise ValueError(
         f"{entry!r} is neither a built-in model ({', '.join(sorted(BUILTIN_MODELS))}), an import path "
@@ -103,7 +102,14 @@ def model_class(name: object, settings: Settings) -> type[Model]:
             f"unknown model {shown(name)}: this deployment serves {', '.join(settings.served)} "
             "(BATCHWORK_MODELS lists them)"
         )
-    return spec_class(spec)
+    cls = spec_class(spec)
+    block = settings.model_options.get(spec.name)
+    if block is not None and spec.name not in BUILTIN_MODELS:  # a built-in's block was checked at settings load
+        try:
+            cls.options_from(block)
+        except ValueError as exc:  # its Options were unknown until now: a misspelt key is refused here
+            raise UnknownModel(f"bad setting BATCHWORK_MODEL_OPTIONS: {exc}") from None
+    return cls
 
 
 def spec_class(spec: ModelSpec) -> type[Model]:

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.bounds import storable
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -29,7 +31,9 @@ class Report:
 
 
 def error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    """An exception as an item's stored error; a NUL or lone surrogate its message repeats is escaped, so
+    SQLite and PostgreSQL store the same line."""
+    return storable(f"{type(exc).__name__}: {exc}")
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -23,8 +23,7 @@ from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal, Sto
 from worker.runtime.journal import Journal
 from worker.runtime.outbox import Outbox, Settled
 from worker.runtime.refusals import Refusals
-from worker.runtime.runner import error_text
-from worker.store.db import is_transient
+from worker.store.db import is_transient, refused_text
 from worker.store.results import ResultStore
 from worker.store.values import ItemOutcome, JobSpec
 
@@ -132,7 +131,7 @@ class Storer:
                     self._failing_since = time.monotonic()
                 if self._stopping.is_set():
                     raise Stopping from exc
-                log.warning("storing failed (%s); retrying in %.1f s", error_text(exc), delay_s)
+                log.warning("storing failed (%s); retrying in %.1f s", refused_text(exc), delay_s)
                 self._stopping.wait(delay_s)
                 delay_s = min(delay_s * 2, MAX_BACKOFF_S)
 
@@ -143,7 +142,9 @@ class Storer:
             if is_transient(exc):
                 raise
             log.error(
-                "storing %d batches failed (%s); finding the outcomes the database refuses", len(writes), exc
+                "storing %d batches failed (%s); finding the outcomes the database refuses",
+                len(writes),
+                refused_text(exc),
             )
             for write in writes:
                 self._isolate(write)
@@ -177,8 +178,10 @@ class Storer:
     def _store_refused(
         self, outcome: ItemOutcome, jobs: list[JobSpec], with_record: bool, error: Exception
     ) -> None:
-        reason = f"could not store the output: {error_text(error)}"[:2000]
-        attempts = [outcome.as_error(reason), outcome.as_error(reason, keep_id=False)]
+        reason = f"could not store the output: {refused_text(error)}"
+        # Last, the reason alone: the item's own error text may be what was refused (a NUL it repeats).
+        bare = ItemOutcome(outcome.job_id, outcome.index, None, error=reason)
+        attempts = [outcome.as_error(reason), outcome.as_error(reason, keep_id=False), bare]
         if with_record:
             attempts.insert(0, outcome)  # the batch record may have been what was refused
         for attempt in attempts:

@@ -16,6 +16,7 @@ from datetime import datetime
 import orjson
 from sqlalchemy import ColumnElement, Engine, Select, String, func, select, tuple_
 
+from worker.bounds import is_job_id
 from worker.store import tables
 from worker.store.rows import job_status_of
 from worker.store.values import UNFINISHED_STATES, JobStatus
@@ -109,6 +110,6 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         when = datetime.fromisoformat(created_at)
     except (binascii.Error, ValueError, TypeError) as exc:
         raise InvalidCursor("invalid cursor: pass the next_cursor of a previous page") from exc
-    if when.tzinfo is None or not isinstance(job_id, str):
+    if when.tzinfo is None or not is_job_id(job_id):
         raise InvalidCursor("invalid cursor: pass the next_cursor of a previous page")
     return when, job_id

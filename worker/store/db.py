@@ -91,6 +91,14 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
+def refused_text(exc: BaseException) -> str:
+    """One line for a write the database (or its driver) refused: the driver's own first line, without the
+    statement and parameters SQLAlchemy appends, which may be megabytes of the data that was refused."""
+    inner = getattr(exc, "orig", None) or exc
+    lines = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {lines[0] if lines else ''}"[:500]
+
+
 def is_missing_schema(exc: BaseException) -> bool:
     """A table or column batchwork needs is not there: the database was never migrated, or not to head."""
     code = getattr(getattr(exc, "orig", None), "sqlstate", None)

@@ -21,6 +21,7 @@ from worker.store.db import single_reads
 KEY_PREFIX = "bw_"
 DEFAULT_TENANT = "default"  # jobs submitted from Python (infer.delay, client.submit)
 TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+KEY_ID_PATTERN = re.compile(r"[0-9a-f]{16}")  # what `keys list` shows; nothing else names a key
 
 
 class InvalidTenant(UsageError):
@@ -44,7 +45,7 @@ class ApiKey:
 
 
 def key_hash(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def check_tenant(tenant: str, admin: bool) -> None:
@@ -98,6 +99,8 @@ class KeyStore:
 
     def revoke(self, key_id: str) -> bool:
         """Revoke a key at once; False when no live key has that id."""
+        if not KEY_ID_PATTERN.fullmatch(key_id):
+            return False
         column = tables.api_keys.c
         stmt = (
             update(tables.api_keys)

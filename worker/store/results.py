@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Engine, insert, inspect, select, update
 from sqlalchemy.engine import make_url
 
+from worker.bounds import MAX_COUNT, is_job_id
 from worker.store import bulk, queries, rows, tables
 from worker.store.db import client_errors, make_engine, shown_url, single_reads
 from worker.store.values import (
@@ -119,16 +120,17 @@ class ResultStore:
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a queued or running job; False when it is unknown or already finished."""
-        return False if self._absent() else self._finish(job_id, "cancelled", None)
+        return False if self._absent() or not is_job_id(job_id) else self._finish(job_id, "cancelled", None)
 
     def status(self, job_id: str, tenants: Collection[str] | None = None) -> JobStatus | None:
         """The job's state, counts and most common errors, or None for a job never recorded here (or, given
         ``tenants``, another tenant's job: the filter is in the query, so another tenant's job is never read).
 
         One prebuilt query on an autocommit connection (no BEGIN/ROLLBACK): pollers, the HTTP API above all,
-        run it many times a second. A failed job's most common errors cost a second query.
+        run it many times a second. A failed job's most common errors cost a second query. A string that is
+        not a job id (a URL's path, a user's typo) names no job: it never reaches the database.
         """
-        if self._absent():
+        if self._absent() or not is_job_id(job_id):
             return None
         params: dict[str, Any] = {"job_key": job_id}
         if tenants is not None:
@@ -205,7 +207,7 @@ class ResultStore:
         Each page is its own short query (keyset on the primary key), so a slow reader of a 1M-item job
         holds neither a connection nor a transaction between pages.
         """
-        if self._absent():
+        if self._absent() or not is_job_id(job_id) or not -1 <= after <= MAX_COUNT:
             return
         column = tables.results.c
         query = (
@@ -226,7 +228,7 @@ class ResultStore:
 
     def recent_batches(self, job_id: str | None = None, limit: int = 20) -> list[BatchRecord]:
         """The newest batches first, all of them or only those that carried items of ``job_id``."""
-        if self._absent():
+        if self._absent() or (job_id is not None and not is_job_id(job_id)):
             return []
         batch = tables.batches.c
         query = select(tables.batches).order_by(batch.started_at.desc(), batch.id.desc()).limit(limit)

@@ -195,6 +195,8 @@ def run_command(
         max_n,
         Pacing(point_s=point_s),
     )
+    if output_dir is not None:
+        report.check_output_dir(output_dir)
     settings = get_settings()
     if from_history:
         from worker.tuning.fitted import from_history as fit_history

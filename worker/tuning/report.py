@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from rich.table import Table
 
 from worker.tuning.choice import by_length
 from worker.tuning.curve import Point
+from worker.tuning.request import TuneError
 
 CSV_FIELDS = (
     "precision",
@@ -100,6 +102,17 @@ def print_precisions(console: Console, rows: Sequence[Mapping[str, Any]]) -> Non
             row.get("note", ""),
         )
     console.print(table)
+
+
+def check_output_dir(directory: Path) -> None:
+    """Refuse, before anything is measured, a ``-o`` folder that cannot be written: it is created (as the
+    outputs would create it) and a probe file is written there and removed."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise TuneError(f"-o {directory}: cannot write there ({exc.strerror or exc})") from None
 
 
 def write_outputs(directory: Path, points: Sequence[Point], result: Mapping[str, Any]) -> list[Path]:
