@@ -20,6 +20,8 @@ __all__ = ["PRIORITIES", "BatchingSettings", "LaneSettings", "Settings", "get_se
 
 # A model is a built-in name or an import path: dotted module, one colon, a class name.
 _MODEL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+# A torch device a worker may run on: auto (CUDA when present, else the CPU), cpu, an accelerator and index.
+_DEVICE = re.compile(r"auto|cpu|(cuda|mps)(:[0-9]{1,3})?")
 
 
 class LaneSettings(BaseModel):
@@ -163,6 +165,15 @@ class Settings(BaseSettings):
             if name in BUILTIN_MODELS:
                 builtin_model_class(name).options_from(block)
         return options
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, device: str) -> str:
+        # Only the name is checked here (settings load without torch); whether this machine has the device
+        # is checked when a worker starts (worker/models/device.py).
+        if not _DEVICE.fullmatch(device):
+            raise ValueError(f"{device[:40]!r} is not a device: use auto, cpu, cuda, cuda:N, mps or mps:N")
+        return device
 
     @field_validator("models")
     @classmethod

@@ -285,11 +285,15 @@ class ResultStore:
         """A SQLite database gets batchwork's schema on first use (PostgreSQL: `batchwork migrate`)."""
         if self._schema_checked or make_url(self.url).get_backend_name() != "sqlite":
             return
-        with client_errors(self.url):  # a file SQLite cannot use (read-only, a stale -wal) is one line
-            if not self.has_schema():
-                from worker.store.schema import migrate
+        if self.has_schema():
+            self._schema_checked = True
+            return
+        from worker.store.schema import migrate
 
-                migrate(self.url)
+        # Several processes may meet the same new file at once (three `batchwork run` in an empty folder):
+        # migrate takes the file's lock, and whoever comes second finds the schema made (a no-op upgrade).
+        with client_errors(self.url):  # a file SQLite cannot use (read-only, a stale -wal) is one line
+            migrate(self.url)
         self._schema_checked = True
 
 
