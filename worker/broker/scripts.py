@@ -99,3 +99,74 @@ end
 return #tags
 """
 )
+
+# The census of messages (worker/broker/census.py): which wanted jobs have no message left anywhere in Redis.
+# KEYS: unacked hash, lost-suspects hash, pending-jobs sorted set, then the queues. ARGV: grace (s), the most
+# pending jobs to look at, the job-record key prefix, then the ids of unfinished jobs recorded in SQL.
+# Wanted: those jobs and the pending (Redis-only) jobs recorded over ``grace`` ago whose record still exists.
+# It reads the held messages, then each queue from its oldest end, a chunk at a time, and stops as soon as
+# every wanted job has been seen; of a message, the tail is read (its headers and properties: the job id in
+# kwargsrepr, else the task id), the whole only when the tail names no job (not batchwork's producer). A
+# wanted job seen nowhere becomes a suspect (stamped with Redis' clock); one still unseen ``grace`` after its
+# stamp is returned as lost: {sql ids, pending ids}.
+CENSUS = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local grace = tonumber(ARGV[1])
+local wanted, remaining = {}, 0
+for i = 4, #ARGV do
+  if not wanted[ARGV[i]] then wanted[ARGV[i]] = 'sql'; remaining = remaining + 1 end
+end
+local pending = redis.call('ZRANGE', KEYS[3], '-inf', now - grace, 'BYSCORE', 'LIMIT', 0, ARGV[2])
+for _, id in ipairs(pending) do
+  if redis.call('EXISTS', ARGV[3] .. id) == 1 then
+    if not wanted[id] then wanted[id] = 'pending'; remaining = remaining + 1 end
+  else
+    redis.call('ZREM', KEYS[3], id)
+  end
+end
+local seen = {}
+local function note(message)
+  local tail = string.sub(message, -2048)
+  local id = string.match(tail, "'job_id': '([^']+)'")
+  if not id and #message > 2048 then id = string.match(message, "'job_id': '([^']+)'") end
+  if not id then id = string.match(tail, '"correlation_id": ?"([^"]+)"') end
+  if id and wanted[id] and not seen[id] then
+    seen[id] = true
+    remaining = remaining - 1
+  end
+end
+local cursor = '0'
+repeat
+  if remaining <= 0 then break end
+  local page = redis.call('HSCAN', KEYS[1], cursor, 'COUNT', 1000)
+  cursor = page[1]
+  for i = 2, #page[2], 2 do note(page[2][i]) end
+until cursor == '0'
+for q = 4, #KEYS do
+  local from = 0
+  while remaining > 0 do
+    local chunk = redis.call('LRANGE', KEYS[q], -(from + 1000), -(from + 1))
+    for i = #chunk, 1, -1 do note(chunk[i]) end
+    if #chunk < 1000 then break end
+    from = from + 1000
+  end
+end
+local lost_sql, lost_pending = {}, {}
+for id, where in pairs(wanted) do
+  if seen[id] then
+    redis.call('HDEL', KEYS[2], id)
+  else
+    local since = redis.call('HGET', KEYS[2], id)
+    if not since then
+      redis.call('HSET', KEYS[2], id, tostring(now))
+    elseif now - tonumber(since) >= grace then
+      if where == 'sql' then lost_sql[#lost_sql + 1] = id else lost_pending[#lost_pending + 1] = id end
+    end
+  end
+end
+for _, id in ipairs(redis.call('HKEYS', KEYS[2])) do
+  if not wanted[id] then redis.call('HDEL', KEYS[2], id) end
+end
+return {lost_sql, lost_pending}
+"""

@@ -14,6 +14,7 @@ from typing import Any
 from celery import bootsteps
 from celery.exceptions import WorkerShutdown
 
+from worker.broker.census import MessageCensus
 from worker.broker.keys import Keys
 from worker.runtime import metrics
 from worker.runtime.deliveries import Message
@@ -119,6 +120,9 @@ class BatchingStep(bootsteps.StartStopStep):
             device=resolve_device(settings.device),
             worker_name=consumer.hostname or socket.gethostname(),
             journal=None if self.redis is None else Journal(self.redis, Keys.of(settings)),
+            census=None
+            if self.redis is None
+            else MessageCensus(self.redis, Keys.of(settings), settings.lost_grace_s),
         )
         engine.start(preload=settings.preload)
         metrics.serve(settings, engine.holdings, engine.models)

@@ -239,11 +239,13 @@ class ResultStore:
 
     # -- what workers ask ---------------------------------------------------------------------
 
-    def unfinished_jobs(self, created_before: datetime) -> list[JobSpec]:
-        """Jobs still queued or running that were created before ``created_before``."""
+    def unfinished_jobs(self, created_before: datetime, limit: int | None = None) -> list[JobSpec]:
+        """Jobs still queued or running that were created before ``created_before`` (the oldest ``limit``)."""
         query = select(_JOB.id, _JOB.model, _JOB.priority, _JOB.total).where(
             _JOB.state.in_(UNFINISHED_STATES), _JOB.created_at < created_before
         )
+        if limit is not None:
+            query = query.order_by(_JOB.created_at).limit(limit)
         with self.engine.connect() as conn:
             return [JobSpec(*row) for row in conn.execute(query)]
 
