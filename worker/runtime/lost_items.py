@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 from worker.broker.census import MessageCensus
 from worker.store.results import ResultStore
-from worker.store.values import ItemOutcome, JobSpec
+from worker.store.values import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +96,9 @@ class LostItems:
         """Every item of ``jobs`` without an outcome yet ends with ``error`` (a job never recorded in SQL gets
         its row from its spec)."""
         for job in jobs:
-            missing = self.store.missing_indices(job.job_id, job.total)
-            outcomes = [ItemOutcome(job.job_id, index, None, error=error) for index in missing]
-            if outcomes:
-                self.store.write_batch(None, outcomes, [job])
-                log.warning("job %s: %d items ended as lost", job.job_id, len(outcomes))
+            ended = self.store.end_missing(job, error)
+            if ended:
+                log.warning("job %s: %d items ended as lost", job.job_id, ended)
 
 
 def _spec(job_id: str, record: dict[str, str]) -> JobSpec:

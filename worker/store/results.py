@@ -256,6 +256,16 @@ class ResultStore:
             stored = set(conn.scalars(select(item.item_index).where(item.job_id == job_id)))
         return [index for index in range(total) if index not in stored]
 
+    def end_missing(self, job: JobSpec, error: str) -> int:
+        """Store ``error`` for every item of ``job`` without an outcome (its row made from ``job`` if it has
+        none), a page of items per transaction; how many. A finished job keeps its state."""
+        missing = self.missing_indices(job.job_id, job.total)
+        for start in range(0, len(missing), RESULTS_PAGE_SIZE):
+            page = missing[start : start + RESULTS_PAGE_SIZE]
+            outcomes = [ItemOutcome(job.job_id, index, None, error=error) for index in page]
+            self.write_batch(None, outcomes, [job])
+        return len(missing)
+
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
         """Which of these jobs have been cancelled (the worker drops their waiting items)."""
         ids = list(job_ids)
