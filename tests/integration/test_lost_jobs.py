@@ -43,11 +43,13 @@ def deployment(redis_url: str, db_url: str) -> Iterator[dict[str, str]]:
 
 
 def _jobs(env: dict[str, str], count: int) -> list[str]:
-    """``count`` jobs from each producer path, each with messages waiting in the normal queue."""
+    """``count`` jobs from each producer path, their messages waiting in the normal and bulk queues."""
     jobs: list[dict[str, Any]] = []
     for n in range(count):
-        jobs.append({"via": "submit", "model": "noop", "inputs": [f"s{n}-{i}" for i in range(3)]})
-        jobs.append({"via": "delay", "model": "noop", "inputs": [f"d{n}"]})
+        priority = ("normal", "bulk")[n % 2]
+        inputs = [f"s{n}-{i}" for i in range(3)]
+        jobs.append({"via": "submit", "model": "noop", "inputs": inputs, "priority": priority})
+        jobs.append({"via": "delay", "model": "noop", "inputs": [f"d{n}"], "priority": priority})
     return produce(env, jobs)
 
 
@@ -91,7 +93,9 @@ def test_jobs_whose_messages_vanished_end_lost_and_the_others_wait(
             assert purged.returncode == 0, purged.stderr
             gone, keep = job_ids, set()
         else:
-            assert _remove_messages_of(client, "batchwork.normal", set(gone)) == len(gone)
+            queues = ("batchwork.normal", "batchwork.bulk")
+            removed = sum(_remove_messages_of(client, queue, set(gone)) for queue in queues)
+            assert removed == len(gone)
 
         def all_lost() -> bool:
             return all(_status(store, client, job_id) in FINISHED_STATES for job_id in gone)

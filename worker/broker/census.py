@@ -7,6 +7,7 @@ It only says which jobs are lost; runtime/lost_items.py ends them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +37,13 @@ class MessageCensus:
         """True for the one worker that takes this period's census."""
         return bool(self.client.set(self.keys.lost_census, holder, nx=True, px=max(1, int(period_s * 1000))))
 
-    def lost(self, sql_job_ids: list[str]) -> Lost:
-        """Of these unfinished jobs (and the pending ones), those no census has seen a message of for at least
-        the grace period. One script call, then one round trip for the lost pending jobs' records."""
+    def lost(self, sql_jobs: Sequence[tuple[str, str]]) -> Lost:
+        """Of these unfinished jobs, ``(job id, priority)``, and the pending ones, those no census has seen a
+        message of for at least the grace period. One script call, then one round trip for the lost pending
+        jobs' records."""
         keys = [self.keys.unacked, self.keys.lost_suspects, self.keys.pending_jobs, *self.keys.queues]
-        args = [self.grace_s, PENDING_PER_CENSUS, self.keys.job(""), *sql_job_ids]
+        args = [self.grace_s, PENDING_PER_CENSUS, self.keys.queue("")]
+        args += [field for job in sql_jobs for field in job]
         lost_sql, lost_pending = self._script(keys=keys, args=args)
         pending_ids = [_text(job_id) for job_id in lost_pending]
         pipe = self.client.pipeline(transaction=False)

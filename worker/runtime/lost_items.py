@@ -68,7 +68,7 @@ class LostItems:
             return 0
         cutoff = datetime.now(UTC) - timedelta(seconds=census.grace_s)
         jobs = {job.job_id: job for job in self.store.unfinished_jobs(cutoff, limit=JOBS_PER_CENSUS)}
-        lost = census.lost(list(jobs))
+        lost = census.lost([(job.job_id, job.priority) for job in jobs.values()])
         specs = [jobs[job_id] for job_id in lost.sql]
         specs += [_spec(job_id, record) for job_id, record in lost.pending.items()]
         self._end(specs, GONE_ERROR)
