@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -63,7 +66,9 @@ class Checker:
     def _running_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
             context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(self.processes, mp_context=context)
+            self._pool = ProcessPoolExecutor(
+                self.processes, mp_context=context, initializer=_die_with, initargs=(os.getpid(),)
+            )
         return self._pool
 
     def _drop(self, pool: ProcessPoolExecutor) -> None:
@@ -71,6 +76,27 @@ class Checker:
         if self._pool is pool:
             self._pool = None
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+# How often a checking process looks whether the API that started it is still there.
+PARENT_POLL_S = 0.5
+
+
+def _die_with(parent_pid: int) -> None:
+    """Run first in each checking process: it ends within PARENT_POLL_S of the API process, however that ends
+    (a SIGKILL included), instead of living on as an orphan holding its memory.
+
+    A watch on the parent's pid rather than prctl(PR_SET_PDEATHSIG): that signal follows the *thread* that
+    started the process, and the pool starts its processes from whichever thread submits (a request thread
+    that may end while the API lives on).
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="batchwork-parent-watch", daemon=True).start()
 
 
 def _ready() -> None:

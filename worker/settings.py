@@ -6,6 +6,7 @@ Read once with :func:`get_settings` and passed down; no other module reads ``os.
 from __future__ import annotations
 
 import os
+import re
 from functools import cache, lru_cache
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -27,6 +28,8 @@ _BROKER_HELP = (
     "batchwork's broker is Redis (redis://HOST:6379/0, rediss://...) or memory:// (the embedded run)"
 )
 _DATABASE_EXAMPLE = "sqlite:///FILE or postgresql+psycopg://USER:PASSWORD@HOST:5432/DB"
+# A torch device a worker may run on: auto (CUDA when present, else the CPU), cpu, an accelerator and index.
+_DEVICE = re.compile(r"auto|cpu|(cuda|mps)(:[0-9]{1,3})?")
 
 
 class LaneSettings(BaseModel):
@@ -217,6 +220,15 @@ class Settings(BaseSettings):
             if name in BUILTIN_MODELS:
                 builtin_model_class(name).options_from(block)
         return options
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, device: str) -> str:
+        # Only the name is checked here (settings load without torch); whether this machine has the device
+        # is checked when a worker starts (worker/models/device.py).
+        if not _DEVICE.fullmatch(device):
+            raise ValueError(f"{device[:40]!r} is not a device: use auto, cpu, cuda, cuda:N, mps or mps:N")
+        return device
 
     @field_validator("models")
     @classmethod

@@ -57,6 +57,21 @@ class Keys:
         """A value every worker expects to find; gone means Redis restarted empty."""
         return f"{self.prefix}.broker_epoch"
 
+    @property
+    def pending_jobs(self) -> str:
+        """Sorted set: job id -> when its producer wrote its ``job`` record (for the census of messages)."""
+        return f"{self.prefix}.pending_jobs"
+
+    @property
+    def lost_suspects(self) -> str:
+        """Hash: job id -> when a census first found none of its messages (cleared when one is found)."""
+        return f"{self.prefix}.lost_suspects"
+
+    @property
+    def lost_census(self) -> str:
+        """Lock: the worker that holds it runs the next census of messages (one for all workers a period)."""
+        return f"{self.prefix}.lost_census"
+
     def job(self, job_id: str) -> str:
         """Hash: a job accepted by a producer that no worker has recorded in SQL yet."""
         return f"{self.prefix}.job:{job_id}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
@@ -85,6 +86,7 @@ class Publisher:
             if record_job:
                 pipe.hset(self.keys.job(call.job_id), mapping=_job_record(call))
                 pipe.expire(self.keys.job(call.job_id), PENDING_JOB_TTL_S)
+                pipe.zadd(self.keys.pending_jobs, {call.job_id: time.time()})
             for offset, items in encoded_parts:
                 # Only the job's first message may carry task_id (the job id, for Celery's result API).
                 message_id = task_id if offset == 0 and task_id else str(uuid.uuid4())
@@ -170,7 +172,20 @@ class PendingJobs:
 
     def forget(self, job_ids: list[str]) -> None:
         if job_ids:
-            self.client.delete(*(self.keys.job(job_id) for job_id in job_ids))
+            pipe = self.client.pipeline(transaction=False)
+            pipe.delete(*(self.keys.job(job_id) for job_id in job_ids))
+            pipe.zrem(self.keys.pending_jobs, *job_ids)
+            pipe.execute()
+
+    def all(self) -> dict[str, dict[str, str]]:
+        """Every job record (``batchwork purge``): a SCAN of the keyspace, for an operator's rare command."""
+        prefix = self.keys.job("")
+        try:
+            ids = [_text(key)[len(prefix) :] for key in self.client.scan_iter(f"{prefix}*", count=1000)]
+            found = {job_id: self.get(job_id) for job_id in ids}
+        except redis.RedisError as exc:
+            raise broker_unavailable(self.url, exc) from exc
+        return {job_id: record for job_id, record in found.items() if record is not None}
 
 
 def _text(value: bytes | str) -> str:

@@ -99,3 +99,92 @@ end
 return #tags
 """
 )
+
+# The census of messages (worker/broker/census.py): which wanted jobs have no message left anywhere in Redis.
+# KEYS: unacked hash, lost-suspects hash, pending-jobs sorted set, then the queues (named prefix.priority).
+# ARGV: grace (s), the most pending jobs to look at, the key prefix with its dot, then the id and priority of
+# each unfinished job recorded in SQL. Wanted: those jobs and the pending (Redis-only) jobs recorded over
+# ``grace`` ago whose record still exists. It reads the held messages, then each queue from its oldest end, a
+# chunk at a time, and leaves a queue as soon as every wanted job of that priority has been seen; of a
+# message, the tail is read (its headers and properties: the job id in kwargsrepr, else the task id), the
+# whole only when the tail names no job (not batchwork's producer). A wanted job seen nowhere becomes a
+# suspect (stamped with Redis' clock); one still unseen ``grace`` after its stamp is returned as lost:
+# {sql ids, pending ids}.
+CENSUS = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local grace = tonumber(ARGV[1])
+local prefix = ARGV[3]
+local queue_of, left = {}, {}
+for q = 4, #KEYS do queue_of[KEYS[q]] = q; left[q] = 0 end
+left[0] = 0  -- wanted jobs of no known queue: every queue is read for them
+local wanted, remaining = {}, 0
+local function want(id, where, priority)
+  if wanted[id] then return end
+  local q = queue_of[prefix .. (priority or '')] or 0
+  wanted[id] = {where, q}
+  left[q] = left[q] + 1
+  remaining = remaining + 1
+end
+for i = 4, #ARGV - 1, 2 do want(ARGV[i], 'sql', ARGV[i + 1]) end
+local pending = redis.call('ZRANGE', KEYS[3], '-inf', now - grace, 'BYSCORE', 'LIMIT', 0, ARGV[2])
+for _, id in ipairs(pending) do
+  local priority = redis.call('HGET', prefix .. 'job:' .. id, 'priority')
+  if priority then want(id, 'pending', priority) else redis.call('ZREM', KEYS[3], id) end
+end
+local function job_of(message)
+  local from = math.max(1, #message - 2048)
+  local at = string.find(message, "'job_id': '", from, true)
+  if not at and from > 1 then at = string.find(message, "'job_id': '", 1, true) end
+  if at then
+    local stop = string.find(message, "'", at + 11, true)
+    if stop then return string.sub(message, at + 11, stop - 1) end
+  end
+  at = string.find(message, '"correlation_id":', from, true)
+  if at then return string.match(message, '^ ?"([^"]+)"', at + 17) end
+  return nil
+end
+local seen = {}
+local function note(message)
+  local id = job_of(message)
+  if id and wanted[id] and not seen[id] then
+    seen[id] = true
+    local q = wanted[id][2]
+    left[q] = left[q] - 1
+    remaining = remaining - 1
+  end
+end
+local cursor = '0'
+repeat
+  if remaining <= 0 then break end
+  local page = redis.call('HSCAN', KEYS[1], cursor, 'COUNT', 1000)
+  cursor = page[1]
+  for i = 2, #page[2], 2 do note(page[2][i]) end
+until cursor == '0'
+for q = 4, #KEYS do
+  local from = 0
+  while left[q] > 0 or left[0] > 0 do
+    local chunk = redis.call('LRANGE', KEYS[q], -(from + 1000), -(from + 1))
+    for i = #chunk, 1, -1 do note(chunk[i]) end
+    if #chunk < 1000 then break end
+    from = from + 1000
+  end
+end
+local lost_sql, lost_pending = {}, {}
+for id, job in pairs(wanted) do
+  if seen[id] then
+    redis.call('HDEL', KEYS[2], id)
+  else
+    local since = redis.call('HGET', KEYS[2], id)
+    if not since then
+      redis.call('HSET', KEYS[2], id, tostring(now))
+    elseif now - tonumber(since) >= grace then
+      if job[1] == 'sql' then lost_sql[#lost_sql + 1] = id else lost_pending[#lost_pending + 1] = id end
+    end
+  end
+end
+for _, id in ipairs(redis.call('HKEYS', KEYS[2])) do
+  if not wanted[id] then redis.call('HDEL', KEYS[2], id) end
+end
+return {lost_sql, lost_pending}
+"""

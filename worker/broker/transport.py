@@ -56,6 +56,7 @@ class QoS(kombu_redis.QoS):
     ) -> None:
         """Forget these messages in one round trip: their items are stored, never to be handed back. With
         them go their lost counts and the pending records of ``jobs`` now in SQL."""
+        jobs = list(jobs)
         tags, ids, job_keys = list(delivery_tags), list(lost_ids), [self.channel.keys.job(j) for j in jobs]
         keys = self.channel.keys
         with self.channel.conn_or_acquire() as client:
@@ -66,6 +67,7 @@ class QoS(kombu_redis.QoS):
                 pipe.hdel(keys.lost, *ids)
             if job_keys:
                 pipe.delete(*job_keys)
+                pipe.zrem(keys.pending_jobs, *jobs)
             pipe.execute()
         for tag in tags:
             kombu_redis.virtual.QoS.ack(self, tag)

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from rich.text import Text
 
-from worker.cli import jobs, operate  # noqa: F401  (their commands register on the app)
+from worker.cli import jobs, operate, purge  # noqa: F401  (their commands register on the app)
 from worker.cli.base import app, console
 from worker.errors import BatchworkError
 from worker.settings import get_settings

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from worker.cli.base import ModelOpt, OutOpt, PriorityOpt, app, console, make_client, out_console
-from worker.errors import InvalidInput
+from worker.errors import InvalidInput, UsageError
 from worker.jsonl import InputFileError, Inputs, check_output_path, output, read_inputs, write_results
 from worker.settings import get_settings
 
@@ -194,10 +194,24 @@ def _print_batches(batches: list[Any]) -> None:
 
 
 @app.command()
-def results(job_id: str, output_path: OutOpt = None) -> None:
-    """Write a job's stored results as JSONL, in index order (a file is replaced only once complete)."""
+def results(
+    job_id: str,
+    output_path: OutOpt = None,
+    partial: Annotated[
+        bool, typer.Option("--partial", help="write what is stored of an unfinished job")
+    ] = False,
+) -> None:
+    """Write a finished job's stored results as JSONL, in index order (a file is replaced only once
+    complete); an unfinished job's only with --partial."""
+    from worker.store.values import FINISHED_STATES
+
     client = make_client()
-    client.status(job_id)
+    status = client.status(job_id)
+    if status.state not in FINISHED_STATES and not partial:
+        raise UsageError(
+            f"job {job_id} is unfinished ({status.state}, {status.done + status.failed} of {status.total} "
+            "items stored): nothing written; wait for it, or pass --partial to write what is stored"
+        )
     check_output_path(output_path)
     with output(output_path) as out:
         write_results(out, client.results(job_id))

@@ -50,10 +50,16 @@ def worker(
     if unknown or (queues is not None and not chosen):
         shown = repr(unknown[0]) if unknown else "(none named)"
         raise UsageError(f"unknown queue {shown}: batchwork's queues are {', '.join(known)}")
+    from worker.models.device import resolve_device
+
+    resolve_device(settings.device)  # a device this machine lacks is one line before Celery starts
     argv = ["worker", f"--loglevel={loglevel.upper()}"]
     argv += [f"--hostname={hostname}"] if hostname else []
     argv += [f"--queues={','.join(chosen)}"] if chosen else []
-    celery_app.worker_main(argv)
+    # Not worker_main: it drops the worker's exit code, and a worker that could not start exited 0.
+    code = celery_app.start(argv=argv)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -71,7 +77,7 @@ def migrate() -> None:
 @app.command()
 def api(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    port: Annotated[int, typer.Option(help="port to listen on", min=1, max=65535)] = 8000,
 ) -> None:
     """Serve the HTTP API and the jobs page (uvicorn) on the configured broker and database."""
     settings = get_settings()
@@ -81,8 +87,29 @@ def api(
 
     from api.app import create_app
 
+    # The socket is bound here, before anything starts, so a port in use (or an address this host lacks) is
+    # one line and exit 2 rather than uvicorn's log after the app and its checking processes started.
+    listening = _listening_socket(host, port)
     # No access log: /metrics counts requests by route and status without a line per poll.
-    uvicorn.run(create_app(settings), host=host, port=port, access_log=False, log_level="info")
+    config = uvicorn.Config(create_app(settings), access_log=False, log_level="info")
+    server = uvicorn.Server(config)
+    server.run(sockets=[listening])
+    if not server.started:  # the app's startup failed (uvicorn logged why)
+        raise typer.Exit(1)
+
+
+def _listening_socket(host: str, port: int) -> Any:
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        listening = socket.socket(family, socket.SOCK_STREAM)
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind((host, port))
+    except OSError as exc:
+        raise SetupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    listening.set_inheritable(True)
+    return listening
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys: create, list, revoke.")

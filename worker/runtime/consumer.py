@@ -12,7 +12,9 @@ import uuid
 from typing import Any
 
 from celery import bootsteps
+from celery.exceptions import WorkerShutdown
 
+from worker.broker.census import MessageCensus
 from worker.broker.keys import Keys
 from worker.runtime import metrics
 from worker.runtime.deliveries import Message
@@ -68,6 +70,7 @@ class BatchingStep(bootsteps.StartStopStep):
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         consumer.batchwork_engine = None
+        consumer.batchwork_start_error = None
         self.settings = get_settings()
         self.outbox = Outbox()
         self.redis = _broker_redis(self.settings)
@@ -78,7 +81,7 @@ class BatchingStep(bootsteps.StartStopStep):
         self.outbox.attach(consumer.hub, channel, lambda: getattr(consumer, "event_dispatcher", None))
         engine = consumer.batchwork_engine
         if engine is None:
-            engine = consumer.batchwork_engine = self._start_engine(consumer)
+            engine = consumer.batchwork_engine = self._start_or_shut_down(consumer)
             self.outbox.on_tick.append(self._lease_renewal(consumer, engine))
         if self.epoch is not None:
             self.epoch.check(engine)  # at a restart: did the broker lose its data?
@@ -91,6 +94,21 @@ class BatchingStep(bootsteps.StartStopStep):
             self.outbox.flush()
             consumer.batchwork_engine = None
 
+    def _start_or_shut_down(self, consumer: Any) -> Engine:
+        """The engine, or the worker's end with exit code 1 and one line naming the cause (Celery would log
+        a traceback and, under `batchwork worker`, exit 0). The cause stays on the consumer for the embedded
+        run."""
+        try:
+            return self._start_engine(consumer)
+        except Exception as exc:
+            cause = startup_failure(exc)
+            if cause is None:
+                raise  # a bug: Celery logs its traceback and the worker still exits 1
+            consumer.batchwork_start_error = cause
+            if not self.settings.embedded:  # the embedded run says it itself, as its one line
+                log.critical("the worker cannot start: %s", cause)
+            raise WorkerShutdown(1) from None
+
     def _start_engine(self, consumer: Any) -> Engine:
         from worker.models.device import resolve_device
 
@@ -102,6 +120,9 @@ class BatchingStep(bootsteps.StartStopStep):
             device=resolve_device(settings.device),
             worker_name=consumer.hostname or socket.gethostname(),
             journal=None if self.redis is None else Journal(self.redis, Keys.of(settings)),
+            census=None
+            if self.redis is None
+            else MessageCensus(self.redis, Keys.of(settings), settings.lost_grace_s),
         )
         engine.start(preload=settings.preload)
         metrics.serve(settings, engine.holdings, engine.models)
@@ -129,6 +150,22 @@ class BatchingStep(bootsteps.StartStopStep):
             engine.stalled_s,
             engine.models.hold_goal,
         )
+
+
+def startup_failure(exc: Exception) -> str | None:
+    """The one line for what stopped a worker from starting (a device it does not have, a database away or
+    not migrated, ...); None for anything else, a bug, which keeps its traceback."""
+    from sqlalchemy.exc import DBAPIError
+
+    from worker.errors import BatchworkError
+    from worker.store.db import database_unavailable
+
+    if isinstance(exc, BatchworkError):
+        return str(exc)
+    if isinstance(exc, DBAPIError):
+        unavailable = database_unavailable(get_settings().database_url, exc)
+        return None if unavailable is None else str(unavailable)
+    return None
 
 
 class _CurrentChannel:

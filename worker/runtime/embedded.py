@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from worker.errors import SetupError
+
 
 @contextmanager
 def embedded_worker(app: Any, timeout_s: float = 120.0) -> Iterator[Any]:
@@ -43,6 +45,7 @@ def _wait_for_engine(worker: Any, thread: threading.Thread, timeout_s: float) ->
         if engine is not None and engine.ready.is_set():
             return
         if not thread.is_alive():
-            raise RuntimeError("the embedded worker stopped while starting")
+            cause = getattr(worker.consumer, "batchwork_start_error", None) if worker.consumer else None
+            raise SetupError(f"the embedded worker could not start: {cause or 'see the log above'}")
         threading.Event().wait(0.05)
-    raise RuntimeError(f"the embedded worker did not start within {timeout_s:.0f} s")
+    raise SetupError(f"the embedded worker did not start within {timeout_s:.0f} s")

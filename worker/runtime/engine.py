@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from worker.batching.scheduler import Scheduler
+from worker.broker.census import MessageCensus
 from worker.models.device import device_kind
 from worker.runtime.deliveries import Delivery, Holdings, Message
 from worker.runtime.executor import Executor
@@ -49,6 +50,7 @@ class Engine:
         device: str = "cpu",
         worker_name: str = "batchwork",
         journal: Journal | None = None,
+        census: MessageCensus | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
@@ -66,7 +68,8 @@ class Engine:
         self.scheduler = Scheduler(self.models.policy_for)
         self.storer = Storer(store, outbox, self.holdings, journal)
         self.cancels = CancelWatch(store, self.holdings)
-        self.lost = LostItems(store)
+        self.lost = LostItems(store, census)
+        self.worker_name = worker_name
         self._ready = threading.Condition()
         shared = Shared(
             settings,
@@ -96,6 +99,7 @@ class Engine:
         _tune_garbage_collector()
         for thread in self._threads.values():
             thread.start()
+        self.lost.watch(self.worker_name)
         self.ready.set()
 
     def accept(self, message: Message) -> None:
@@ -126,6 +130,7 @@ class Engine:
         closes. A store that cannot write gives up after a short wait instead of holding shutdown.
         """
         threads = self._threads
+        self.lost.stop()
         self.intake.deliveries.put(None)
         threads["prepare"].join(timeout_s)
         self.executor.stop()

@@ -135,8 +135,12 @@ def database_unavailable(url: str, exc: DBAPIError) -> DatabaseUnavailable | Non
             f"the database {shown_url(url)} has no batchwork schema (or an old one): run `batchwork migrate`"
         )
     reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
-    if isinstance(exc, OperationalError | InterfaceError):
+    # A SQLite file is never "unreachable": its OperationalErrors are a lock held too long, a read-only
+    # file or folder, a schema half made; only a server's are about reaching it.
+    if isinstance(exc, OperationalError | InterfaceError) and make_url(url).get_backend_name() != "sqlite":
         return DatabaseUnavailable(f"cannot reach the database {shown_url(url)}: {reason}")
+    if isinstance(exc, OperationalError | InterfaceError):
+        return DatabaseUnavailable(f"cannot use the database {shown_url(url)}: {reason}")
     if type(exc) is DatabaseError:  # SQLite: the file is not a database (or is damaged)
         return DatabaseUnavailable(f"cannot use the database {shown_url(url)}: {reason}")
     return None

@@ -241,11 +241,13 @@ class ResultStore:
 
     # -- what workers ask ---------------------------------------------------------------------
 
-    def unfinished_jobs(self, created_before: datetime) -> list[JobSpec]:
-        """Jobs still queued or running that were created before ``created_before``."""
+    def unfinished_jobs(self, created_before: datetime, limit: int | None = None) -> list[JobSpec]:
+        """Jobs still queued or running that were created before ``created_before`` (the oldest ``limit``)."""
         query = select(_JOB.id, _JOB.model, _JOB.priority, _JOB.total).where(
             _JOB.state.in_(UNFINISHED_STATES), _JOB.created_at < created_before
         )
+        if limit is not None:
+            query = query.order_by(_JOB.created_at).limit(limit)
         with self.engine.connect() as conn:
             return [JobSpec(*row) for row in conn.execute(query)]
 
@@ -255,6 +257,16 @@ class ResultStore:
         with self.engine.connect() as conn:
             stored = set(conn.scalars(select(item.item_index).where(item.job_id == job_id)))
         return [index for index in range(total) if index not in stored]
+
+    def end_missing(self, job: JobSpec, error: str) -> int:
+        """Store ``error`` for every item of ``job`` without an outcome (its row made from ``job`` if it has
+        none), a page of items per transaction; how many. A finished job keeps its state."""
+        missing = self.missing_indices(job.job_id, job.total)
+        for start in range(0, len(missing), RESULTS_PAGE_SIZE):
+            page = missing[start : start + RESULTS_PAGE_SIZE]
+            outcomes = [ItemOutcome(job.job_id, index, None, error=error) for index in page]
+            self.write_batch(None, outcomes, [job])
+        return len(missing)
 
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
         """Which of these jobs have been cancelled (the worker drops their waiting items)."""
@@ -287,11 +299,15 @@ class ResultStore:
         """A SQLite database gets batchwork's schema on first use (PostgreSQL: `batchwork migrate`)."""
         if self._schema_checked or make_url(self.url).get_backend_name() != "sqlite":
             return
-        with client_errors(self.url):  # a file SQLite cannot use (read-only, a stale -wal) is one line
-            if not self.has_schema():
-                from worker.store.schema import migrate
+        if self.has_schema():
+            self._schema_checked = True
+            return
+        from worker.store.schema import migrate
 
-                migrate(self.url)
+        # Several processes may meet the same new file at once (three `batchwork run` in an empty folder):
+        # migrate takes the file's lock, and whoever comes second finds the schema made (a no-op upgrade).
+        with client_errors(self.url):  # a file SQLite cannot use (read-only, a stale -wal) is one line
+            migrate(self.url)
         self._schema_checked = True
 
 

@@ -1,0 +1,76 @@
+"""What the census of messages (lost jobs) costs Redis: one script call per period, its time growing with the
+messages it reads before it has seen every unfinished job.
+
+    python -m bench.census --redis-url redis://127.0.0.1:PORT/0 [--messages 1000,10000,100000]
+
+Needs a Redis database of its own: it FLUSHDBs the one given before and after. For each queue depth it fills
+the normal queue with single-item messages as ``infer.delay`` writes them (each its own job), then times the
+census script (median of 5) in four cases: every unfinished job seen near the queue's oldest end (the 1000
+oldest jobs wanted: the common case, a backlog draining), every message read (one wanted job of that
+priority has no message: the whole queue is read), a lost job of another priority (its own, empty, queue is
+read), and nothing to look for. Prints milliseconds of Redis time per census.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+
+import redis
+
+from worker.broker.census import MessageCensus
+from worker.broker.keys import Keys
+from worker.broker.producer import Publisher
+from worker.calls import InferCall
+
+
+def _fill(url: str, keys: Keys, count: int) -> list[str]:
+    publisher = Publisher(url, keys, 512)
+    ids = []
+    for _ in range(count):
+        call = InferCall(str(uuid.uuid4()), "noop", ("some text of a few words",), "normal", 0, 1, None)
+        publisher.enqueue(call, task_id=call.job_id)
+        ids.append(call.job_id)
+    return ids
+
+
+def _time_ms(census: MessageCensus, wanted: list[tuple[str, str]], client: redis.Redis, keys: Keys) -> float:
+    runs = []
+    for _ in range(5):
+        client.delete(keys.lost_suspects)
+        started = time.perf_counter()
+        census.lost(wanted)
+        runs.append((time.perf_counter() - started) * 1000)
+    return statistics.median(runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--redis-url", required=True, help="a Redis database this bench may flush")
+    parser.add_argument("--messages", default="1000,10000,100000")
+    args = parser.parse_args()
+    client = redis.Redis.from_url(args.redis_url)
+    keys = Keys()
+    census = MessageCensus(client, keys, grace_s=60)
+    print(
+        f"{'queued':>8} {'oldest 1000 seen ms':>20} {'whole queue read ms':>20} "
+        f"{'lost in another queue ms':>25} {'nothing wanted ms':>18}"
+    )
+    try:
+        for count in (int(n) for n in args.messages.split(",")):
+            client.flushdb()
+            ids = _fill(args.redis_url, keys, count)
+            oldest = _time_ms(census, [(job_id, "normal") for job_id in ids[:1000]], client, keys)
+            whole = _time_ms(census, [(str(uuid.uuid4()), "normal")], client, keys)
+            other = _time_ms(census, [(str(uuid.uuid4()), "bulk")], client, keys)
+            nothing = _time_ms(census, [], client, keys)
+            print(f"{count:>8} {oldest:>20.1f} {whole:>20.1f} {other:>25.1f} {nothing:>18.2f}")
+    finally:
+        client.flushdb()
+        client.close()
+
+
+if __name__ == "__main__":
+    main()
