@@ -171,7 +171,7 @@ class Inputs:
 
     def take(self, size: int) -> tuple[int, list[Any]]:
         """Up to ``size`` items of consecutive indices: (index of the first, items)."""
-        start, items = self.next, []
+        start, items = self.next, list[Any]()
         while len(items) < size:
             number_line = next(self._lines, None)
             if number_line is None:
@@ -231,7 +231,7 @@ class InOrder:
         return found
 
     def _hand_on(self) -> list[bytes]:
-        lines = []
+        lines: list[bytes] = []
         while True:
             if self.ahead and self.ahead[0][0] == self.next:
                 line = self.ahead.popleft()[1]
