@@ -193,8 +193,11 @@ class InOrder:
     most AHEAD_BYTES of output lines); a poll reads the rows stored since the last one, and then only the
     range of the first missing index, so no row is read twice however long an early item takes."""
 
-    def __init__(self, store: Any, job_id: str, start: int) -> None:
+    def __init__(
+        self, store: Any, job_id: str, start: int, format_line: Callable[[Any], bytes] = format_result
+    ) -> None:
         self.store = store
+        self.format_line = format_line
         self.job_id = job_id
         self.next = start  # the index to hand on next
         self.scanned = start - 1  # every row up to here was read (or handed on) when it was there
@@ -214,7 +217,7 @@ class InOrder:
         if self.ahead_bytes >= AHEAD_BYTES:
             return
         for count, result in enumerate(self.store.results(self.job_id, self.scanned), start=1):
-            line = format_result(result)
+            line = self.format_line(result)
             self.ahead.append((result.index, line))
             self.ahead_bytes += len(line)
             self.scanned = result.index
@@ -226,7 +229,7 @@ class InOrder:
         found = False
         for result in self.store.results(self.job_id, self.next - 1, before=self.ahead[0][0]):
             if result.index not in self.filled:
-                self.filled[result.index] = format_result(result)
+                self.filled[result.index] = self.format_line(result)
                 found = True
         return found
 
@@ -256,8 +259,10 @@ class JobRun:
         out: ResultFile,
         state: RunState | None,
         interrupts: Interrupts,
+        format_line: Callable[[Any], bytes] = format_result,
     ) -> None:
         self.client = client
+        self.format_line = format_line
         self.call = call
         self.path = path
         self.out = out
@@ -323,7 +328,14 @@ class JobRun:
         size = self.client.settings.submit_chunk_size
         until = time.monotonic() + STEP_S
         while not self.inputs.exhausted and self.inputs.next - self.written < WINDOW_ITEMS:
-            start, items = self.inputs.take(size)
+            start, items = self.inputs.take(min(size, self.call.total - self.inputs.next))
+            if self.inputs.next >= self.call.total:
+                self.inputs.exhausted = True
+            elif self.inputs.exhausted:
+                self.client.cancel(self.call.job_id)
+                raise InputFileError(
+                    f"{self.path} changed while it ran: the job {self.call.job_id} is cancelled"
+                )
             if items:
                 self.client.publish(replace(self.call, inputs=items, offset=start))
                 sent = True
@@ -338,7 +350,7 @@ class JobRun:
     def _write_some(self) -> bool:
         """Results that arrived, in order, up to the first one missing."""
         if self.ordered is None or self.ordered.next != self.written:
-            self.ordered = InOrder(self.client.store, self.call.job_id, self.written)
+            self.ordered = InOrder(self.client.store, self.call.job_id, self.written, self.format_line)
         lines = self.ordered.poll(time.monotonic() + STEP_S)
         self.out.write(b"".join(lines))
         self.written += len(lines)
@@ -389,12 +401,12 @@ class JobRun:
         stored = self.client.results(self.call.job_id, after=self.written - 1)
         for result in stored:
             while self.written < result.index:
-                self.out.write(format_result(ItemResult(self.written, None, missing, None)))
+                self.out.write(self.format_line(ItemResult(self.written, None, missing, None)))
                 self.written += 1
-            self.out.write(format_result(result))
+            self.out.write(self.format_line(result))
             self.written += 1
         while self.written < self.call.total:
-            self.out.write(format_result(ItemResult(self.written, None, missing, None)))
+            self.out.write(self.format_line(ItemResult(self.written, None, missing, None)))
             self.written += 1
 
 
