@@ -29,12 +29,17 @@ from worker.cli.base import console
 from worker.errors import InvalidInput
 from worker.jsonl import InputFileError, ResultFile, format_result, input_lines, parse_line, too_many
 
-# Items published and not yet written: bounds what the in-memory broker, a Redis queue and this process hold.
-WINDOW_ITEMS = 50_000
+# Items published and not yet written, at most: bounds what the in-memory broker, a Redis queue and this
+# process hold. Fewer when lines are long: about WINDOW_BYTES of input.
+WINDOW_ITEMS = 100_000
+WINDOW_BYTES = 64 << 20
 # Items checked per client call while the file is read.
 CHECK_CHUNK = 2_000
 # How long one publish or write step may run before the loop looks at Ctrl-C and the other step again.
 STEP_S = 0.05
+# How often the results that arrived are read: often enough to write as they come, rarely enough that each
+# read takes many rows (a read costs about as much as a thousand rows; the worker's threads want the GIL).
+READ_EVERY_S = 0.1
 # How often the job's status is read for the progress bar and for a job finished by someone else.
 STATUS_EVERY_S = 0.5
 # How often the state file records how far publishing got: a resumed run sends again what it sent since
@@ -204,6 +209,7 @@ class InOrder:
         self.ahead: deque[tuple[int, bytes]] = deque()  # rows past the first missing index, ascending
         self.ahead_bytes = 0
         self.filled: dict[int, bytes] = {}  # rows found in a missing range, not yet handed on
+        self.backlog = False  # the last poll stopped for time with rows still to read
 
     def poll(self, until: float) -> list[bytes]:
         """The output lines that can be written now, in order."""
@@ -214,6 +220,7 @@ class InOrder:
         return lines
 
     def _scan(self, until: float) -> None:
+        self.backlog = False
         if self.ahead_bytes >= AHEAD_BYTES:
             return
         for count, result in enumerate(self.store.results(self.job_id, self.scanned), start=1):
@@ -222,6 +229,7 @@ class InOrder:
             self.ahead_bytes += len(line)
             self.scanned = result.index
             if self.ahead_bytes >= AHEAD_BYTES or (count % 1000 == 0 and time.monotonic() > until):
+                self.backlog = self.ahead_bytes < AHEAD_BYTES  # more rows wait: read again at once
                 return
 
     def _fill_gap(self) -> bool:
@@ -273,6 +281,8 @@ class JobRun:
         self.status: Any = None
         self._next_status = 0.0
         self._next_save = 0.0
+        self._next_read = 0.0
+        self.window = window_items(path, call.total)
         self.ordered: InOrder | None = None
 
     def resume_from(self, written: int, published: int, embedded: bool) -> None:
@@ -300,15 +310,15 @@ class JobRun:
                     progress.stop()
                     self.cancel()
                     return self.status
-                moved = self._publish_some()
-                moved = self._write_some() or moved
+                sent = self._publish_some()
+                wrote = self._write_due()
                 if self._status_due():
                     status = self.status
                     progress.update(bar, completed=status.done + status.failed, description=status.state)
-                    if status.state in _finished() and not moved:
+                    if status.state in _finished() and not (sent or wrote):
                         self._finish_early()
-                if not moved:
-                    self.interrupts.wait(0.02)
+                if not sent:
+                    self.interrupts.wait(max(0.0, self._next_read - time.monotonic()))
             self.status = self.client.status(self.call.job_id)
             progress.update(
                 bar, completed=self.status.done + self.status.failed, description=self.status.state
@@ -327,7 +337,7 @@ class JobRun:
         sent = False
         size = self.client.settings.submit_chunk_size
         until = time.monotonic() + STEP_S
-        while not self.inputs.exhausted and self.inputs.next - self.written < WINDOW_ITEMS:
+        while not self.inputs.exhausted and self.inputs.next - self.written < self.window:
             start, items = self.inputs.take(min(size, self.call.total - self.inputs.next))
             if self.inputs.next >= self.call.total:
                 self.inputs.exhausted = True
@@ -346,6 +356,14 @@ class JobRun:
             self.state.save()
             self._next_save = time.monotonic() + SAVE_EVERY_S
         return sent
+
+    def _write_due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_read:
+            return False
+        wrote = self._write_some()
+        self._next_read = now + (0 if self.ordered and self.ordered.backlog else READ_EVERY_S)
+        return wrote
 
     def _write_some(self) -> bool:
         """Results that arrived, in order, up to the first one missing."""
@@ -408,6 +426,12 @@ class JobRun:
         while self.written < self.call.total:
             self.out.write(self.format_line(ItemResult(self.written, None, missing, None)))
             self.written += 1
+
+
+def window_items(path: Path, total: int) -> int:
+    """How many items may be published ahead of the output: WINDOW_ITEMS, or fewer for long lines."""
+    line_bytes = max(1, path.stat().st_size // max(total, 1))
+    return max(1000, min(WINDOW_ITEMS, WINDOW_BYTES // line_bytes))
 
 
 def _finished() -> tuple[str, ...]:
