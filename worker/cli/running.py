@@ -31,8 +31,8 @@ from worker.jsonl import InputFileError, ResultFile, format_result, input_lines,
 
 # Items published and not yet written, at most: bounds what the in-memory broker, a Redis queue and this
 # process hold. Fewer when lines are long: about WINDOW_BYTES of input.
-WINDOW_ITEMS = 100_000
-WINDOW_BYTES = 64 << 20
+WINDOW_ITEMS = 50_000
+WINDOW_BYTES = 32 << 20
 # Items checked per client call while the file is read.
 CHECK_CHUNK = 2_000
 # How long one publish or write step may run before the loop looks at Ctrl-C and the other step again.
