@@ -9,6 +9,7 @@ named by path so that producers never import it.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 from celery import Celery
@@ -74,18 +75,30 @@ def publish_in_process(call: InferCall, settings: Settings) -> None:
     """Publish to the in-memory broker, for the in-process worker of ``batchwork run``."""
     from worker.tasks import infer
 
+    size = settings.submit_chunk_size
     with app.producer_or_acquire() as producer:
-        for offset in range(0, call.total, settings.submit_chunk_size):
-            chunk = call.chunk(offset, settings.submit_chunk_size)
-            task_id = call.job_id if offset == 0 else None
+        for start in range(0, len(call.inputs), size):
+            # ``call`` may be one part of its job (``batchwork run`` publishes a file a window at a time).
+            chunk = replace(call.chunk(start, size), offset=call.offset + start)
+            task_id = call.job_id if chunk.offset == 0 else None
             _send(infer, chunk, task_id, Keys.of(settings).queue(call.priority), producer)
 
 
 def _send(task: Any, call: InferCall, task_id: str | None, queue: str, producer: Any) -> None:
     from celery import Task
 
-    # Task.apply_async, not infer's own (which checks and enqueues a whole call).
-    Task.apply_async(task, kwargs=call.kwargs(), task_id=task_id, queue=queue, producer=producer)
+    # Task.apply_async, not infer's own (which checks and enqueues a whole call). A summary as the message's
+    # kwargsrepr, as the Redis producer writes it: Celery's own repr of every item costs more than the send.
+    summary = f"{{'model': {call.model!r}, 'job_id': {call.job_id!r}}}"
+    Task.apply_async(
+        task,
+        kwargs=call.kwargs(),
+        task_id=task_id,
+        queue=queue,
+        producer=producer,
+        argsrepr="()",
+        kwargsrepr=summary,
+    )
 
 
 app = create_app(get_settings())

@@ -20,6 +20,7 @@ from worker.calls import InferCall, check_items, job_id_of, new_call
 from worker.errors import InvalidInput, JobNotFound, NoWorker
 from worker.settings import Settings, get_settings
 from worker.store.results import FINISHED_STATES, JobSpec, JobStatus, ResultStore
+from worker.store.values import ItemOutcome
 
 __all__ = [
     "Client",
@@ -38,6 +39,8 @@ NO_WORKER = (
     "set BATCHWORK_BROKER_URL to a Redis URL and start `batchwork worker`, or use `batchwork run FILE`, "
     "which runs a worker in its own process"
 )
+# Cancelled items stored per transaction when a producer cancels its own job.
+CANCEL_GROUP = 5000
 
 
 class ItemResult(NamedTuple):
@@ -156,10 +159,11 @@ class Client:
             raise JobNotFound(f"no job {job_id} in {self.store.location()}")
         return status
 
-    def results(self, job_id: str) -> Iterator[ItemResult]:
-        """Stored outcomes in index order; items still running are not there yet."""
+    def results(self, job_id: str, after: int = -1) -> Iterator[ItemResult]:
+        """Stored outcomes in index order (those of index above ``after``); items still running are not
+        there yet."""
         self.status(job_id)
-        for outcome in self.store.results(job_id):
+        for outcome in self.store.results(job_id, after):
             yield ItemResult(outcome.index, outcome.output, outcome.error, outcome.item_id)
 
     def wait(self, job_id: str, timeout_s: float | None = None, poll_s: float = 0.2) -> JobStatus:
@@ -173,8 +177,32 @@ class Client:
             time.sleep(poll_s)
         return status
 
-    def cancel(self, job_id: str) -> bool:
-        """Mark the job cancelled; True unless it had already finished."""
+    def cancel(self, job_id: str, unfinished: Iterable[tuple[int, str | None]] = ()) -> bool:
+        """Mark the job cancelled; True unless it had already finished.
+
+        ``unfinished``: items ``(index, user id)`` to store as cancelled now, each unless it already has an
+        outcome, for a producer that stops its own job (``batchwork run`` on Ctrl-C): the store then holds
+        every item, and a result that arrives later is not stored, so it never disagrees with what the
+        producer wrote. A worker stores the items it still holds as cancelled itself, the same way.
+        """
+        changed = self._cancel(job_id)
+        if self.status(job_id).state == "cancelled":
+            self._store_cancelled(job_id, unfinished)
+        return changed
+
+    def _store_cancelled(self, job_id: str, items: Iterable[tuple[int, str | None]]) -> None:
+        status = self.status(job_id)
+        spec = JobSpec(job_id, status.model, status.priority, status.total)
+        group: list[ItemOutcome] = []
+        for index, item_id in items:
+            group.append(ItemOutcome(job_id, index, item_id, error="cancelled"))
+            if len(group) >= CANCEL_GROUP:
+                self.store.write_batch(None, group, [spec])
+                group = []
+        if group:
+            self.store.write_batch(None, group, [spec])
+
+    def _cancel(self, job_id: str) -> bool:
         status = self.status(job_id)
         if self.store.cancel(job_id):
             return True

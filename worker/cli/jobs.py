@@ -6,19 +6,27 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from worker.cli.base import ModelOpt, OutOpt, PriorityOpt, app, console, make_client, out_console
-from worker.errors import InvalidInput, UsageError
-from worker.jsonl import InputFileError, Inputs, check_output_path, output, read_inputs, write_results
+from worker.cli.running import Interrupts, JobRun, RunState, check_file, fingerprint
+from worker.errors import InvalidInput, JobNotFound, UsageError
+from worker.jsonl import (
+    InputFileError,
+    Inputs,
+    ResultFile,
+    check_output_path,
+    output,
+    read_inputs,
+    write_results,
+)
 from worker.settings import get_settings
 
 
@@ -28,17 +36,29 @@ def run(
     model: ModelOpt,
     output_path: OutOpt = None,
     priority: PriorityOpt = "normal",
+    restart: Annotated[
+        bool, typer.Option("--restart", help="start over, rather than continue a killed run of this file")
+    ] = False,
 ) -> None:
-    """Submit a file, show progress, wait, and write every item's result in input order."""
+    """Submit a file, show progress, and write every item's result in input order as results arrive.
+
+    Started again with the same arguments after it was killed, it continues the same job.
+    """
     settings = get_settings()
+    if output_path is not None and str(output_path) == "-":
+        output_path = None
     check_output_path(output_path)
     if settings.embedded:
         settings.serve_checkpoint(model)
-    inputs = read_inputs(input_path, settings.max_items_per_job)
     client = make_client(settings)
-    call = _checked(client, inputs, model, priority)
+    call = check_file(client, input_path, model, priority, settings.max_items_per_job)
+    state = None
+    if output_path is not None:
+        key = fingerprint(input_path, call.model, call.priority, settings.database_url)
+        state = RunState.beside(output_path, key)
+    run = _Run(client, call, input_path, ResultFile(output_path), state)
     if not settings.embedded:
-        _run_and_write(client, call, inputs, output_path)
+        run.start(restart, embedded=False)
         return
     from worker.celery_app import app as celery_app
     from worker.runtime.embedded import embedded_worker
@@ -46,7 +66,66 @@ def run(
     client.store.ensure_sqlite_schema()
     console.print(Text(f"no broker configured: running an in-process worker on {client.store.location()}"))
     with embedded_worker(celery_app):
-        _run_and_write(client, call, inputs, output_path)
+        run.start(restart, embedded=True)
+
+
+class _Run:
+    """The ``run`` command once its file passed: a new job, or the one a killed run of it left."""
+
+    def __init__(self, client: Any, call: Any, path: Path, out: ResultFile, state: RunState | None) -> None:
+        self.client, self.call, self.path, self.out, self.state = client, call, path, out, state
+        self.interrupts = Interrupts()
+
+    def start(self, restart: bool, embedded: bool) -> None:
+        self.interrupts.install()
+        previous = None if self.state is None or restart else self.state.previous()
+        if previous is not None and self._resumable(previous.job_id):
+            self.call = replace(self.call, job_id=previous.job_id)
+            written = self.out.open(resume=True)
+            console.print(
+                Text(f"continuing job {previous.job_id}: {written} lines written, {previous.published} sent")
+            )
+        else:
+            previous = None
+            metadata = None if self.state is None else {"run": self.state.fingerprint}
+            self.client.register(self.call, metadata=metadata)
+            written = self.out.open(resume=False)
+        if self.state is not None:
+            self.state.job_id, self.state.published = self.call.job_id, written
+            self.state.save()
+            self.interrupts.on_exit += [self.out.discard, self.state.remove]
+        job = JobRun(self.client, self.call, self.path, self.out, self.state, self.interrupts)
+        if previous is not None:
+            job.resume_from(written, previous.published, embedded)
+        self._follow(job)
+
+    def _resumable(self, job_id: str) -> bool:
+        try:
+            status = self.client.status(job_id)
+        except JobNotFound:
+            return False
+        return status.total == self.call.total and status.state not in ("cancelled", "failed", "lost")
+
+    def _follow(self, job: JobRun) -> None:
+        started = time.monotonic()
+        console.print(Text(f"job {self.call.job_id}: {self.call.total} items on {self.call.model}"))
+        status = job.run()
+        self.out.finish()
+        if self.state is not None:
+            self.state.remove()
+        elapsed = time.monotonic() - started
+        if self.interrupts.count:
+            console.print(Text(f"cancelled: {status.done} done, {status.failed} failed or cancelled"))
+            sys.exit(130)
+        console.print(
+            Text(
+                f"{status.state}: {status.done} done, {status.failed} failed in {elapsed:.2f} s "
+                f"({self.call.total / elapsed:,.0f} items/s)"
+            )
+        )
+        _print_errors(status, console)
+        if status.state != "succeeded":
+            raise typer.Exit(1)
 
 
 def _checked(client: Any, inputs: Inputs, model: str, priority: str) -> Any:
@@ -56,72 +135,6 @@ def _checked(client: Any, inputs: Inputs, model: str, priority: str) -> Any:
         if exc.index is None:
             raise
         raise InputFileError(f"{inputs.line_of(exc.index)}: {exc.detail}") from None
-
-
-def _run_and_write(client: Any, call: Any, inputs: Inputs, output_path: Path | None) -> None:
-    started = time.monotonic()
-    job_id = client.enqueue(call)
-    console.print(Text(f"job {job_id}: {call.total} items on {call.model}"))
-    try:
-        status = _follow(client, job_id, call.total)
-    except KeyboardInterrupt:
-        client.cancel(job_id)
-        console.print(Text(f"interrupted: job {job_id} cancelled; unfinished items are written as cancelled"))
-        _write(client, job_id, inputs, output_path)
-        sys.exit(130)
-    elapsed = time.monotonic() - started
-    _write(client, job_id, inputs, output_path)
-    console.print(
-        Text(
-            f"{status.state}: {status.done} done, {status.failed} failed in {elapsed:.2f} s "
-            f"({call.total / elapsed:,.0f} items/s)"
-        )
-    )
-    _print_errors(status, console)
-    if status.state != "succeeded":
-        raise typer.Exit(1)
-
-
-def _follow(client: Any, job_id: str, total: int) -> Any:
-    from worker.store.values import FINISHED_STATES
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        bar = progress.add_task("items", total=total)
-        while True:
-            status = client.status(job_id)
-            progress.update(bar, completed=status.done + status.failed, description=status.state)
-            if status.state in FINISHED_STATES:
-                return status
-            time.sleep(0.2)
-
-
-def _write(client: Any, job_id: str, inputs: Inputs, output_path: Path | None) -> None:
-    """One line per input, in order: its stored outcome, or an error saying why it has none."""
-    from worker.calls import item_id
-    from worker.client import ItemResult
-
-    missing = "cancelled" if client.status(job_id).state == "cancelled" else "no result was stored"
-
-    def every_line() -> Iterator[ItemResult]:
-        stored = iter(client.results(job_id))
-        upcoming = next(stored, None)
-        for index, item in enumerate(inputs):
-            if upcoming is not None and upcoming.index == index:
-                yield upcoming
-                upcoming = next(stored, None)
-            else:
-                yield ItemResult(index, None, missing, _id_or_none(item_id, index, item))
-
-    with output(output_path) as out:
-        write_results(out, every_line())
-
-
-def _id_or_none(item_id: Any, index: int, item: object) -> str | None:
-    try:
-        return item_id(index, item)
-    except InvalidInput:
-        return None
 
 
 def _print_errors(status: Any, target: Console) -> None:

@@ -201,8 +201,9 @@ class ResultStore:
         with self.engine.begin() as conn:
             bulk.upsert_generated_tokens(conn, rows.token_rows(counts, final=False, now=_utcnow()))
 
-    def results(self, job_id: str, after: int = -1) -> Iterator[ItemOutcome]:
-        """The job's stored outcomes of index above ``after``, ordered by index, fetched a page at a time.
+    def results(self, job_id: str, after: int = -1, before: int | None = None) -> Iterator[ItemOutcome]:
+        """The job's stored outcomes of index above ``after`` (and below ``before``), ordered by index,
+        fetched a page at a time.
 
         Each page is its own short query (keyset on the primary key), so a slow reader of a 1M-item job
         holds neither a connection nor a transaction between pages.
@@ -216,6 +217,8 @@ class ResultStore:
             .order_by(column.item_index)
             .limit(RESULTS_PAGE_SIZE)
         )
+        if before is not None:
+            query = query.where(column.item_index < before)
         page_query = query.where(column.item_index > after)
         while True:
             with client_errors(self.url), self.engine.connect() as conn:

@@ -1,0 +1,102 @@
+"""`batchwork run` of large noop files on the embedded default: peak RSS, wall time, CPU and items/s.
+
+    python -m bench.run_memory [--lines 1000000,10000000] [--old DIR] [--old-max-lines 1000000]
+
+Each file ({"id": "d<i>", "text": ...} a line) is generated in a temporary folder and run there as a whole
+process (`python -m worker.cli run in.jsonl -m noop -o out.jsonl`, its own SQLite file); the output is checked
+(every line once, in order). ``--old DIR`` runs another checkout's code beside this one (e.g. a `git archive`
+of main) on the sizes up to ``--old-max-lines`` (the old run holds the file whole: about 1 GB per million
+lines). Peak RSS is the child's own (``wait4``); items/s is what the run prints (submit to last line
+written) and lines over the whole command's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_input(path: Path, lines: int) -> None:
+    with path.open("wb") as out:
+        block: list[bytes] = []
+        for i in range(lines):
+            block.append(b'{"id": "d%d", "text": "a short text of a few words, number %d"}\n' % (i, i))
+            if len(block) == 10_000:
+                out.write(b"".join(block))
+                block = []
+        out.write(b"".join(block))
+
+
+def run_once(source: Path, folder: Path, lines: int) -> dict[str, float | str]:
+    for stale in folder.glob("batchwork.db*"):
+        stale.unlink()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
+    env.update(PYTHONPATH=str(source), HF_HUB_OFFLINE="1", BATCHWORK_MAX_ITEMS_PER_JOB=str(max(lines, 1)))
+    command = [sys.executable, "-m", "worker.cli", "run", "in.jsonl", "-m", "noop", "-o", "out.jsonl"]
+    started = time.monotonic()
+    proc = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    stderr = proc.stderr.read().decode(errors="replace")
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - started
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"run failed ({source}):\n{stderr[-2000:]}")
+    printed = re.search(r"\(([\d,]+) items/s\)", stderr)
+    return {
+        "peak_mb": usage.ru_maxrss / 1024,
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "printed_items_s": float(printed.group(1).replace(",", "")) if printed else float("nan"),
+        "checked": check_output(folder / "out.jsonl", lines),
+    }
+
+
+def check_output(path: Path, lines: int) -> str:
+    """Every line once, in order (index i on line i), without holding the file."""
+    count = 0
+    with path.open("rb") as out:
+        for count, line in enumerate(out, start=1):  # noqa: B007
+            if not line.startswith(b'{"index":%d,' % (count - 1)):
+                return f"line {count} out of order"
+    return "ok" if count == lines else f"{count} lines of {lines}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--lines", default="1000000,10000000")
+    parser.add_argument("--old", type=Path, help="another checkout's root, run beside this one")
+    parser.add_argument("--old-max-lines", type=int, default=1_000_000)
+    args = parser.parse_args()
+    print(
+        f"{'code':<6} {'lines':>10} {'peak RSS MB':>12} {'wall s':>8} {'CPU s':>8} "
+        f"{'items/s (printed)':>18} {'lines/s (wall)':>15}  output"
+    )
+    for lines in [int(n) for n in args.lines.split(",")]:
+        with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
+            folder = Path(tmp)
+            write_input(folder / "in.jsonl", lines)
+            sources = [("new", ROOT)]
+            if args.old is not None and lines <= args.old_max_lines:
+                sources.append(("old", args.old))
+            for name, source in sources:
+                row = run_once(source, folder, lines)
+                print(
+                    f"{name:<6} {lines:>10,} {row['peak_mb']:>12,.0f} {row['wall_s']:>8.1f} "
+                    f"{row['cpu_s']:>8.1f} {row['printed_items_s']:>18,.0f} "
+                    f"{lines / float(row['wall_s']):>15,.0f}  {row['checked']}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
