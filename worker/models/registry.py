@@ -104,9 +104,8 @@ def model_class(name: object, settings: Settings) -> type[Model]:
         )
     cls = spec_class(spec)
     block = settings.model_options.get(spec.name)
-    if (
-        block is not None and spec.name not in BUILTIN_MODELS
-    ):  # a built-in's block was checked at settings load
+    # A built-in's block was checked at settings load.
+    if block is not None and spec.name not in BUILTIN_MODELS:
         try:
             cls.options_from(block)
         except ValueError as exc:  # its Options were unknown until now: a misspelt key is refused here
