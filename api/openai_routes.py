@@ -159,7 +159,7 @@ def file_content(file_id: str, key: Caller, oai: Surface) -> StreamingResponse:
     )
 
 
-@router.delete("/files/{file_id}", response_model=FileDeleted, responses=error_responses(404))
+@router.delete("/files/{file_id}", response_model=FileDeleted, responses=error_responses(404, 409))
 def delete_file(file_id: str, key: Caller, oai: Surface) -> FileDeleted:
     _file(oai, file_id, key)
     if oai.batches.active_using(file_id):
