@@ -21,15 +21,35 @@ from worker.errors import InvalidInput
 from worker.jsonl import InputFileError, Inputs, check_output_path, output, read_inputs, write_results
 from worker.settings import get_settings
 
+OptionalModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="model name, package.module:Class, or KIND:/dir; none: an OpenAI batch file (lines name theirs)",
+    ),
+]
+ErrorsOpt = Annotated[
+    Path | None,
+    typer.Option("--errors", help="OpenAI batch files: failed requests go here (default: the output)"),
+]
+
 
 @app.command()
 def run(
     input_path: Annotated[Path, typer.Argument(metavar="INPUT.jsonl")],
-    model: ModelOpt,
+    model: OptionalModelOpt = None,
     output_path: OutOpt = None,
     priority: PriorityOpt = "normal",
+    errors_path: ErrorsOpt = None,
 ) -> None:
-    """Submit a file, show progress, wait, and write every item's result in input order."""
+    """Submit a file, show progress, wait, and write every item's result in input order. Without --model,
+    an OpenAI batch file ({custom_id, method, url, body} lines) in, OpenAI batch output out."""
+    if model is None:
+        from worker.cli.openai_run import run_openai_batch
+
+        run_openai_batch(input_path, output_path, errors_path, priority)
+        return
     settings = get_settings()
     check_output_path(output_path)
     if settings.embedded:
