@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 
-from api import jobs, ui
+from api import jobs, openai_routes, ui
 from api.auth import backend
 from api.backend import Backend
 from api.checking import Checker
@@ -38,17 +38,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     served = Backend.from_settings(settings)
     metrics = ApiMetrics(served)
     checker = Checker(settings)
+    openai = openai_routes.OpenAISurface(served)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(checker.start)
+        openai.start()
         yield
+        openai.close()
         checker.close()
 
     app = FastAPI(title="batchwork", version="1", description=DESCRIPTION, redoc_url=None, lifespan=lifespan)
     app.state.backend = served
     app.state.checker = checker
+    app.state.openai = openai
     app.include_router(jobs.router)
+    app.include_router(openai_routes.router)
     app.include_router(ui.router)
     app.add_exception_handler(InvalidInput, _invalid_input)  # type: ignore[arg-type]
     app.add_exception_handler(SetupError, _unavailable)  # type: ignore[arg-type]

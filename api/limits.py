@@ -16,6 +16,8 @@ from api.backend import Backend
 from worker.settings import Settings
 
 NDJSON = "application/x-ndjson"
+MULTIPART = "multipart/form-data"
+MULTIPART_ENVELOPE_BYTES = 64 * 2**10
 
 
 def refuse(status: int, detail: str, settings: Settings) -> HTTPException:
@@ -77,8 +79,11 @@ class BodyLimit:
         await self.app(scope, _counting(receive, limit), send)
 
     def _limit(self, content_type: bytes) -> int:
-        if content_type.split(b";")[0].strip().decode("latin-1").lower() == NDJSON:
+        kind = content_type.split(b";")[0].strip().decode("latin-1").lower()
+        if kind == NDJSON:
             return self.settings.api_max_ndjson_bytes
+        if kind == MULTIPART:  # a file upload (/v1/files): the file's limit, plus its multipart envelope
+            return self.settings.api_max_file_bytes + MULTIPART_ENVELOPE_BYTES
         return self.settings.api_max_body_bytes
 
 
@@ -98,7 +103,10 @@ def _counting(receive: Receive, limit: int) -> Receive:
 
 
 def _too_large(limit: int) -> str:
-    return f"request body over {limit} bytes (BATCHWORK_API_MAX_BODY_BYTES / BATCHWORK_API_MAX_NDJSON_BYTES)"
+    return (
+        f"request body over {limit} bytes "
+        "(BATCHWORK_API_MAX_BODY_BYTES / BATCHWORK_API_MAX_NDJSON_BYTES / BATCHWORK_API_MAX_FILE_BYTES)"
+    )
 
 
 async def _send_413(send: Send, limit: int) -> None:

@@ -95,10 +95,11 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the error answers a route can give, all of one shape."""
     meaning = {
         401: "missing, unknown or revoked key",
-        404: "no such job for this key's tenant",
+        404: "no such job (or file, or batch) for this key's tenant",
+        409: "the file is the input of a batch still running",
         413: "body too large",
         422: "invalid request",
         429: "too many items (per job or unfinished for the tenant); see Retry-After",
-        503: "the broker's queues are full; see Retry-After",
+        503: "the broker's queues are full (or no worker answered in time); see Retry-After",
     }
     return {code: {"model": ErrorBody, "description": meaning[code]} for code in codes}

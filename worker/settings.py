@@ -164,6 +164,10 @@ class Settings(BaseSettings):
     api_max_tenant_items: int = Field(default=5_000_000, ge=1)
     api_max_queue_depth: int = Field(default=20_000, ge=1)
     api_retry_after_s: int = Field(default=10, ge=1)
+    # The OpenAI-compatible surface: an uploaded batch file is at most this large (413 above); a synchronous
+    # POST /v1/embeddings waits this long for its results, then answers 503.
+    api_max_file_bytes: int = Field(default=200 * 2**20, ge=1)
+    api_embeddings_timeout_s: float = Field(default=60.0, gt=0)
     # Processes that parse and check NDJSON bodies (api/checking.py), about 90 MB each: one per CPU, at
     # most 8 by default; 0 checks in the API process itself.
     api_check_processes: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 8), ge=0, le=256)

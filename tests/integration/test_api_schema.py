@@ -40,7 +40,8 @@ def ndjson(_context: schemathesis.SerializationContext, value: Any) -> bytes:
 
 @pytest.fixture
 def live_api(redis_url: str, pg_url: str, pg_store: ResultStore) -> Iterator[tuple[str, str]]:
-    env = service_env(redis_url, pg_url, metrics_port=0)
+    # No worker runs: a synchronous POST /v1/embeddings gives up (503) after this long.
+    env = service_env(redis_url, pg_url, metrics_port=0, api_embeddings_timeout_s=0.2)
     key = make_key(pg_url, "fuzz")
     with api_server(env) as api:
         yield api.url, key

@@ -77,5 +77,8 @@ def test_alembic_command_line_from_repo_root_uses_settings_url(sqlite_url: str) 
         "generated_tokens",
         "api_keys",
         "tuned_limits",
+        "files",
+        "file_chunks",
+        "openai_batches",
     }
     assert schema_diff(sqlite_url) == []

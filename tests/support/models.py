@@ -108,3 +108,51 @@ class Counter(StepModel):
                 del self._running[key]
                 done.append(Finished(key, {"counted": counted}, tokens=count))
         return done
+
+
+class SlowEmbed(Model):
+    """An embed model whose vector tells its input: [length of the text, 1.0, its first character's code];
+    each batch takes 20 ms, so a batch of thousands of inputs is still running when a test kills a worker."""
+
+    name = "slowembed"
+    kind = "embed"
+    max_batch_size = 16
+    max_wait_ms = 5
+
+    def forward(self, payloads: Sequence[str]) -> list[list[float]]:
+        time.sleep(0.02)
+        return [[float(len(text)), 1.0, float(ord(text[0]))] for text in payloads]
+
+
+class ChatEcho(Model):
+    """A generate model that answers a chat with its last message reversed (a completion with its prompt
+    reversed), cut to max_new_tokens characters; one "token" per character."""
+
+    name = "chatecho"
+    kind = "generate"
+    max_batch_size = 8
+    max_wait_ms = 5
+
+    @classmethod
+    def validate(cls, index: int, item: object, settings: Any) -> Any:
+        if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
+            raise InvalidInput("expected an object with 'prompt' or 'messages'", index)
+        if "messages" in item:
+            messages = item["messages"]
+            if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
+                raise InvalidInput("field 'messages' must hold objects with a string 'content'", index)
+            text = messages[-1]["content"]
+        else:
+            text = item["prompt"]
+        limit = item.get("max_new_tokens", 16)
+        return (str(text), int(limit))
+
+    def forward(self, payloads: Sequence[tuple[str, int]]) -> list[dict[str, object]]:
+        outputs: list[dict[str, object]] = []
+        for text, limit in payloads:
+            reply = text[::-1][:limit]
+            finish = "length" if len(text) > limit else "eos"
+            outputs.append(
+                {"text": reply, "tokens": len(reply), "finish_reason": finish, "prompt_tokens": len(text)}
+            )
+        return outputs

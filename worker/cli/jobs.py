@@ -29,21 +29,41 @@ from worker.jsonl import (
 )
 from worker.settings import get_settings
 
+OptionalModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="model name, package.module:Class, or KIND:/dir; none: an OpenAI batch file (lines name theirs)",
+    ),
+]
+ErrorsOpt = Annotated[
+    Path | None,
+    typer.Option("--errors", help="OpenAI batch files: failed requests go here (default: the output)"),
+]
+
 
 @app.command()
 def run(
     input_path: Annotated[Path, typer.Argument(metavar="INPUT.jsonl")],
-    model: ModelOpt,
+    model: OptionalModelOpt = None,
     output_path: OutOpt = None,
     priority: PriorityOpt = "normal",
+    errors_path: ErrorsOpt = None,
     restart: Annotated[
         bool, typer.Option("--restart", help="start over, rather than continue a killed run of this file")
     ] = False,
 ) -> None:
     """Submit a file, show progress, and write every item's result in input order as results arrive.
 
-    Started again with the same arguments after it was killed, it continues the same job.
+    Started again with the same arguments after it was killed, it continues the same job. Without --model,
+    an OpenAI batch file ({custom_id, method, url, body} lines) in, OpenAI batch output out.
     """
+    if model is None:
+        from worker.cli.openai_run import run_openai_batch
+
+        run_openai_batch(input_path, output_path, errors_path, priority)
+        return
     settings = get_settings()
     if output_path is not None and str(output_path) == "-":
         output_path = None

@@ -13,12 +13,14 @@ from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Dialect,
     Float,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -188,6 +190,75 @@ class TunedLimit(Base):
     oom_worker: Mapped[str | None] = mapped_column(String(200))
 
 
+class File(Base):
+    """A file of the OpenAI-compatible surface (``/v1/files``): an uploaded batch input, or a batch's output
+    or error file. Its bytes are rows of ``file_chunks``; the row appears once every chunk is written."""
+
+    __tablename__ = "files"
+    __table_args__ = (Index("ix_files_tenant_created_at", "tenant", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "file-" and 32 hex digits
+    tenant: Mapped[str] = mapped_column(String(64))
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32))  # batch (uploaded) or batch_output (written)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class FileChunk(Base):
+    """A file's bytes, in pieces of at most a few MiB (PostgreSQL bytea, SQLite blob), in ``seq`` order."""
+
+    __tablename__ = "file_chunks"
+
+    file_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class OpenAIBatch(Base):
+    """A batch of the OpenAI-compatible surface (``/v1/batches``): an input file run as one job per model.
+
+    Any API process advances it (validating -> in_progress -> finalizing -> completed, or failed, expired,
+    cancelling -> cancelled) under a lease (``claimed_until``), so one that dies mid-step is resumed by the
+    next. Its jobs' ids are derived from its id and model, so a step done twice finds the same jobs.
+    """
+
+    __tablename__ = "openai_batches"
+    __table_args__ = (
+        Index("ix_openai_batches_tenant_created_at", "tenant", "created_at"),
+        Index("ix_openai_batches_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "batch_" and 32 hex digits
+    tenant: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    input_file_id: Mapped[str] = mapped_column(String(64))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    meta: Mapped[Any] = mapped_column("metadata", JSON(none_as_null=True), nullable=True)
+    # {model: job id} once the requests are enqueued.
+    jobs: Mapped[Any] = mapped_column(JSON(none_as_null=True), nullable=True)
+    total: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # request lines
+    total_items: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # model items (inputs)
+    completed: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    failed: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    errors: Mapped[Any] = mapped_column(JSON(none_as_null=True), nullable=True)  # errors.data[] at validation
+    output_file_id: Mapped[str | None] = mapped_column(String(64))
+    error_file_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    in_progress_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    finalizing_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    completed_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    failed_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    expired_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    cancelling_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    cancelled_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    # The API process advancing it, until when (a step that outlives its lease renews it).
+    claimed_by: Mapped[str | None] = mapped_column(String(64))
+    claimed_until: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+
 metadata = Base.metadata
 # The store writes with Core statements (bulk, dialect-specific ON CONFLICT), so it wants the Tables.
 jobs = cast(Table, Job.__table__)
@@ -196,3 +267,6 @@ batches = cast(Table, Batch.__table__)
 generated_tokens = cast(Table, GeneratedTokens.__table__)
 api_keys = cast(Table, ApiKey.__table__)
 tuned_limits = cast(Table, TunedLimit.__table__)
+files = cast(Table, File.__table__)
+file_chunks = cast(Table, FileChunk.__table__)
+openai_batches = cast(Table, OpenAIBatch.__table__)

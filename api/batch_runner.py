@@ -1,0 +1,253 @@
+"""Advances OpenAI batches, in every API process, one step at a time under a lease in the batch's row:
+validating (check the input file, enqueue one job per model) -> in_progress (its jobs run on the workers)
+-> finalizing (the output and error files written from the stored results) -> completed; or failed
+(validation), expired (nothing ran before the deadline), cancelling -> cancelled.
+
+Nothing lives only in this process: the input file, the batch row, the jobs and their results are in SQL,
+job ids derive from the batch id and the model, and the output is assembled from stored results. A process
+killed mid-step leaves the lease to run out (``LEASE_S``), and the next process to look takes the step again
+from its start: a file written twice replaces its chunks, a job registered twice exists once, a message
+published twice stores each result once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from api.backend import Backend
+from worker.calls import InferCall
+from worker.models.registry import model_class
+from worker.openai_compat.batchfile import BatchPlan, answer_lines, plan_batch
+from worker.openai_compat.tokens import count_tokens, detokenize
+from worker.store.files import BatchStore, FileRecord, FileStore, utcnow
+from worker.store.values import FINISHED_STATES
+
+log = logging.getLogger("batchwork.api.batches")
+
+LEASE_S = 20.0  # a step not renewed for this long is taken over by another process
+POLL_S = 0.2  # how often each API process looks for batches to advance
+BATCH_PRIORITY = "bulk"  # an OpenAI batch is overnight work: it rides the bulk lane
+_JOB_IDS = uuid.UUID("4b0f7a4e-9b1f-4f55-8b1e-6e0f1c8d2a77")
+_FILE_IDS = uuid.UUID("0c7f5e2a-1d3b-4a8e-b6f4-2f9d8e7c6b51")
+
+
+def job_id_for(batch_id: str, model: str) -> str:
+    return str(uuid.uuid5(_JOB_IDS, f"{batch_id}\0{model}"))
+
+
+def file_id_for(batch_id: str, which: str) -> str:
+    return "file-" + uuid.uuid5(_FILE_IDS, batch_id + "\0" + which).hex
+
+
+def unix(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp())
+
+
+class BatchRunner:
+    """A thread that advances every batch whose lease is free, every POLL_S (at once after a ``kick``)."""
+
+    def __init__(self, served: Backend, files: FileStore, batches: BatchStore) -> None:
+        self.served = served
+        self.files = files
+        self.batches = batches
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:64]
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="batchwork-batches", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for batch_id in self.batches.claimable():
+                    if self._stop.is_set():
+                        return
+                    self.step(batch_id)
+            except Exception:  # the database away, a bug in one step: logged, retried at the next poll
+                log.exception("advancing OpenAI batches failed; retrying")
+                self._stop.wait(1.0)
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+
+    def step(self, batch_id: str) -> None:
+        """Take one step of the batch if no other process holds its lease."""
+        row = self.batches.claim(batch_id, self.owner, LEASE_S)
+        if row is None:
+            return
+        try:
+            status = row["status"]
+            if status == "validating":
+                self._validate(row)
+            elif status == "in_progress":
+                self._progress(row)
+            else:  # finalizing or cancelling: write the files from what is stored
+                self._finalize(row)
+        finally:
+            self.batches.release(batch_id, self.owner)
+
+    def _renew(self, batch_id: str) -> None:
+        self.batches.claim(batch_id, self.owner, LEASE_S)
+
+    # -- validating -------------------------------------------------------------------------------
+
+    def plan(self, row: dict[str, Any]) -> BatchPlan | None:
+        if self.files.get(row["input_file_id"], [row["tenant"]]) is None:
+            return None
+        lines = self.files.lines(row["input_file_id"])
+        return plan_batch(lines, row["endpoint"], self.served.settings, detokenize)
+
+    def _validate(self, row: dict[str, Any]) -> None:
+        batch_id = row["id"]
+        plan = self.plan(row)
+        if plan is None:
+            errors = [{"code": "file_not_found", "message": "the input file was deleted", "line": None}]
+            self._fail(row, errors)
+            return
+        if plan.error_count:
+            self._fail(row, [error.as_dict() for error in plan.errors])
+            return
+        jobs = {model: job_id_for(batch_id, model) for model in plan.items}
+        total_items = sum(len(items) for items in plan.items.values())
+        if not self.batches.advance(
+            batch_id, self.owner, ("validating",), jobs=jobs, total=len(plan.lines), total_items=total_items
+        ):
+            return  # cancelled meanwhile: the cancelling step finishes it
+        expires_at = row["expires_at"].timestamp()
+        for model, items in plan.items.items():
+            self._renew(batch_id)
+            self._enqueue(row, jobs[model], model, items, expires_at)
+        self.batches.advance(
+            batch_id, self.owner, ("validating",), status="in_progress", in_progress_at=utcnow()
+        )
+
+    def _enqueue(
+        self, row: dict[str, Any], job_id: str, model: str, items: list[Any], expires_at: float
+    ) -> None:
+        call = InferCall(job_id, model, items, BATCH_PRIORITY, 0, len(items), expires_at, time.time())
+        client = self.served.client
+        # A job registered by an earlier try of this step is left as it is and published again: every
+        # item's result is stored once whatever number of times its message runs.
+        client.register(call, tenant=row["tenant"], metadata={"openai_batch": row["id"]})
+        client.publish(call)
+
+    def _fail(self, row: dict[str, Any], errors: list[dict[str, Any]]) -> None:
+        now = utcnow()
+        self.batches.advance(
+            row["id"], self.owner, ("validating",), status="failed", failed_at=now, errors=errors
+        )
+
+    # -- in progress -------------------------------------------------------------------------------
+
+    def job_states(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Each job's status (None for a job not recorded yet)."""
+        store = self.served.store
+        return {model: store.status(job_id) for model, job_id in (row["jobs"] or {}).items()}
+
+    def _progress(self, row: dict[str, Any]) -> None:
+        states = self.job_states(row)
+        finished = all(s is not None and s.state in FINISHED_STATES for s in states.values())
+        if not finished and utcnow() > row["expires_at"] + timedelta(seconds=self._grace_s()):
+            # Past the deadline and no worker ended the rest as expired: stop them; the unstored are expired.
+            for job_id in (row["jobs"] or {}).values():
+                self.served.store.cancel(job_id)
+            finished = True
+        if finished:
+            now = utcnow()
+            if self.batches.advance(
+                row["id"], self.owner, ("in_progress",), status="finalizing", finalizing_at=now
+            ):
+                self._finalize({**row, "status": "finalizing", "finalizing_at": now})
+
+    def _grace_s(self) -> float:
+        return float(self.served.settings.visibility_timeout_s)
+
+    # -- finalizing / cancelling -------------------------------------------------------------------
+
+    def _finalize(self, row: dict[str, Any]) -> None:
+        batch_id = row["id"]
+        cancelling = row["status"] == "cancelling"
+        if cancelling:
+            for job_id in (row["jobs"] or {}).values():
+                self.served.store.cancel(job_id)
+        plan = self.plan(row) if row["jobs"] else BatchPlan()
+        plan = plan or BatchPlan()
+        expired = utcnow() > row["expires_at"]
+        missing = "cancelled" if cancelling else "expired" if expired else "no result was stored"
+        outcomes = {model: self._outcomes(job_id) for model, job_id in (row["jobs"] or {}).items()}
+        output_id, error_id = file_id_for(batch_id, "output"), file_id_for(batch_id, "errors")
+        out, err = self.files.writer(output_id), self.files.writer(error_id)
+        completed = failed = 0
+        for number, answer in enumerate(answer_lines(plan, outcomes, batch_id, missing, self._counter), 1):
+            if answer.ok:
+                out.write(answer.line)
+                completed += 1
+            else:
+                err.write(answer.line)
+                failed += 1
+            if number % 5000 == 0:
+                self._renew(batch_id)
+        out.close()
+        err.close()
+        self._finish(row, out, err, completed, failed, expired)
+
+    def _finish(
+        self, row: dict[str, Any], out: Any, err: Any, completed: int, failed: int, expired: bool
+    ) -> None:
+        now = utcnow()
+        if row["status"] == "cancelling":
+            status, stamp = "cancelled", "cancelled_at"
+        elif expired and completed == 0:
+            status, stamp = "expired", "expired_at"
+        else:
+            status, stamp = "completed", "completed_at"
+        records = [
+            FileRecord(writer.file_id, row["tenant"], name, "batch_output", writer.size, now)
+            for writer, name, used in (
+                (out, f"{row['id']}_output.jsonl", completed > 0),
+                (err, f"{row['id']}_error.jsonl", failed > 0),
+            )
+            if used
+        ]
+        values = {
+            "status": status,
+            stamp: now,
+            "completed": completed,
+            "failed": failed,
+            "output_file_id": out.file_id if completed else None,
+            "error_file_id": err.file_id if failed else None,
+        }
+        with self.files.engine.begin() as conn:
+            if not self.batches.advance(row["id"], self.owner, (row["status"],), conn=conn, **values):
+                return
+            for record in records:
+                self.files.add(conn, record)
+        for writer, used in ((out, completed), (err, failed)):
+            if not used:
+                self.files.drop_bytes(writer.file_id)
+
+    def _outcomes(self, job_id: str) -> Iterator[tuple[int, Any, str | None]]:
+        for outcome in self.served.store.results(job_id):
+            yield outcome.index, outcome.output, outcome.error
+
+    def _counter(self, model: str, texts: list[str]) -> list[int]:
+        return count_tokens(model_class(model, self.served.settings), texts)

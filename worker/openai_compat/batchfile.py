@@ -1,0 +1,270 @@
+"""OpenAI batch files: input lines ``{custom_id, method, url, body}`` checked and made into each model's items
+(``plan_batch``), and stored results made into output and error lines in input order (``answer_lines``).
+
+Items of one model keep the order of their lines, so a line's results are the next ones of its model: a
+plan made again from the same file finds every line's results without any stored map. The HTTP API's
+``/v1/batches`` and ``batchwork run`` both use it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from worker.models.registry import shown
+from worker.openai_compat.requests import (
+    EMBEDDINGS,
+    ENDPOINT_KINDS,
+    Detokenizer,
+    Request,
+    RequestError,
+    parse_request,
+)
+from worker.openai_compat.responses import OutputError, error_object, response_body
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+MAX_CUSTOM_ID_CHARS = 512
+MAX_REPORTED_ERRORS = 100  # errors.data[] of a batch that failed validation lists at most this many
+ANSWER_CHUNK_LINES = 1000  # lines answered at once (their inputs' tokens are counted in one call)
+_REQUEST_IDS = uuid.UUID("8a1d7f0e-3c55-4f7e-9a58-0b6d8a3c2e11")
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    """Why a line of an input file cannot run: OpenAI's ``errors.data[]`` entry (``line`` from 1)."""
+
+    code: str
+    message: str
+    line: int
+    param: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "line": self.line, "param": self.param}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLine:
+    number: int  # the line in the file, from 1
+    custom_id: str
+    request: Request
+
+
+@dataclass
+class BatchPlan:
+    """A file's requests in line order, each model's items in that order, and every mistake found."""
+
+    lines: list[BatchLine] = field(default_factory=list)
+    items: dict[str, list[Any]] = field(default_factory=dict)
+    errors: list[LineError] = field(default_factory=list)
+    error_count: int = 0
+
+    @property
+    def endpoints(self) -> set[str]:
+        return {line.request.endpoint for line in self.lines}
+
+
+def plan_batch(
+    lines: Iterable[bytes],
+    endpoint: str | None,
+    settings: Settings,
+    detokenize: Detokenizer | None = None,
+) -> BatchPlan:
+    """Every non-blank line of a batch file, checked. ``endpoint`` is the batch's (each line's ``url`` must
+    name it); None takes each line's own ``url`` (``batchwork run``). Items are kept only while no line has
+    failed: a plan with errors is only reported, never run."""
+    plan = BatchPlan()
+    seen: set[str] = set()
+    number = 0
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = _line(number, raw, endpoint, seen, settings, detokenize)
+        except _Refused as refused:
+            plan.error_count += 1
+            if len(plan.errors) < MAX_REPORTED_ERRORS:
+                plan.errors.append(refused.error)
+            continue
+        seen.add(line.custom_id)
+        if plan.error_count:
+            continue
+        plan.lines.append(line)
+        plan.items.setdefault(line.request.model, []).extend(line.request.items)
+        _check_size(plan, line, settings)
+    if not plan.lines and not plan.error_count:
+        plan.errors.append(LineError("empty_file", "the file holds no requests", max(number, 1)))
+        plan.error_count = 1
+    return plan
+
+
+def _check_size(plan: BatchPlan, line: BatchLine, settings: Settings) -> None:
+    if len(plan.items[line.request.model]) > settings.max_items_per_job:
+        message = (
+            f"more than {settings.max_items_per_job} inputs for model {line.request.model!r} in one batch "
+            "(BATCHWORK_MAX_ITEMS_PER_JOB)"
+        )
+        plan.errors.append(LineError("too_many_requests", message, line.number))
+        plan.error_count += 1
+
+
+class _Refused(Exception):
+    def __init__(self, error: LineError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _line(
+    number: int,
+    raw: bytes,
+    endpoint: str | None,
+    seen: set[str],
+    settings: Settings,
+    detokenize: Detokenizer | None,
+) -> BatchLine:
+    def refuse(code: str, message: str, param: str | None = None) -> _Refused:
+        return _Refused(LineError(code, message, number, param))
+
+    try:
+        line = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise refuse("invalid_json", f"not valid JSON ({exc.msg}, column {exc.colno})") from None
+    if not isinstance(line, dict):
+        raise refuse("invalid_request", "a line must be a JSON object {custom_id, method, url, body}")
+    custom_id = _custom_id(line.get("custom_id"), seen, refuse)
+    if line.get("method", "POST") != "POST":
+        raise refuse("invalid_method", "field 'method' must be POST", "method")
+    url = line.get("url")
+    if url not in ENDPOINT_KINDS:
+        raise refuse("invalid_url", f"field 'url' must be one of {', '.join(ENDPOINT_KINDS)}", "url")
+    if endpoint is not None and url != endpoint:
+        raise refuse("mismatched_url", f"url {url} is not the batch's endpoint {endpoint}", "url")
+    try:
+        request = parse_request(str(url), line.get("body"), settings, detokenize)
+    except RequestError as exc:
+        param = f"body.{exc.param}" if exc.param else "body"
+        raise refuse(exc.code, f"{exc.message}", param) from None
+    return BatchLine(number, custom_id, request)
+
+
+def _custom_id(value: object, seen: set[str], refuse: Callable[..., _Refused]) -> str:
+    if not isinstance(value, str) or not value:
+        message = "missing field 'custom_id' (a non-empty string)"
+        raise refuse("missing_required_parameter", message, "custom_id")
+    if len(value) > MAX_CUSTOM_ID_CHARS:
+        message = f"'custom_id' is over {MAX_CUSTOM_ID_CHARS} characters"
+        raise refuse("invalid_custom_id", message, "custom_id")
+    if value in seen:
+        raise refuse("duplicate_custom_id", f"custom_id {shown(value, 60)} appears twice", "custom_id")
+    return value
+
+
+# -- answers --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One output line (``ok``) or error line, as bytes with its newline."""
+
+    ok: bool
+    line: bytes
+
+
+# Stored outcomes of one model's items in index order: (index, output, error).
+Outcomes = Iterator[tuple[int, Any, str | None]]
+# Counts tokens of texts for a model, for ``usage``.
+Counter = Callable[[str, list[str]], list[int]]
+
+
+def request_id(batch_id: str, custom_id: str) -> str:
+    return uuid.uuid5(_REQUEST_IDS, f"{batch_id}\0{custom_id}").hex
+
+
+def answer_lines(
+    plan: BatchPlan,
+    outcomes: dict[str, Outcomes],
+    batch_id: str,
+    missing: str,
+    count_tokens: Counter | None = None,
+) -> Iterator[Answer]:
+    """Every line of ``plan`` answered in input order from its model's ``outcomes``; an item with no stored
+    outcome fails with ``missing`` (e.g. ``cancelled`` or ``expired: ...``)."""
+    cursors = {model: _Cursor(outcomes.get(model, iter(()))) for model in plan.items}
+    lines = iter(plan.lines)
+    while chunk := list(islice(lines, ANSWER_CHUNK_LINES)):
+        results = [cursors[line.request.model].take(len(line.request.items), missing) for line in chunk]
+        tokens = _count_chunk(chunk, count_tokens)
+        for line, (outputs, error) in zip(chunk, results, strict=True):
+            yield _answer(batch_id, line, outputs, error, tokens.get(line.number))
+
+
+def _count_chunk(chunk: list[BatchLine], count_tokens: Counter | None) -> dict[int, int]:
+    """Input tokens of each embeddings line of the chunk, counted in one call per model."""
+    if count_tokens is None:
+        return {}
+    by_model: dict[str, list[BatchLine]] = {}
+    for line in chunk:
+        if line.request.endpoint == EMBEDDINGS:
+            by_model.setdefault(line.request.model, []).append(line)
+    counted: dict[int, int] = {}
+    for model, lines in by_model.items():
+        counts = iter(count_tokens(model, [text for line in lines for text in line.request.texts]))
+        for line in lines:
+            counted[line.number] = sum(islice(counts, len(line.request.texts)))
+    return counted
+
+
+class _Cursor:
+    """Walks one model's outcomes by item index; an index with no outcome is ``missing``."""
+
+    def __init__(self, outcomes: Outcomes) -> None:
+        self._outcomes = outcomes
+        self._next = next(outcomes, None)
+        self._index = 0
+
+    def take(self, count: int, missing: str) -> tuple[list[Any], str | None]:
+        outputs: list[Any] = []
+        first_error: str | None = None
+        for index in range(self._index, self._index + count):
+            while self._next is not None and self._next[0] < index:
+                self._next = next(self._outcomes, None)
+            if self._next is not None and self._next[0] == index:
+                _, output, error = self._next
+                self._next = next(self._outcomes, None)
+            else:
+                output, error = None, missing
+            outputs.append(output)
+            if error is not None and first_error is None:
+                first_error = error
+        self._index += count
+        return outputs, first_error
+
+
+def _answer(
+    batch_id: str, line: BatchLine, outputs: list[Any], error: str | None, tokens: int | None
+) -> Answer:
+    rid = request_id(batch_id, line.custom_id)
+    if error is None:
+        try:
+            body = response_body(line.request, outputs, rid, None if tokens is None else lambda _: [tokens])
+        except OutputError as exc:
+            error = f"invalid input: {exc}"
+        else:
+            response = {"status_code": 200, "request_id": rid, "body": body}
+            return Answer(True, _dump(rid, line.custom_id, response, None))
+    status, detail = error_object(error)
+    if status is None:
+        return Answer(False, _dump(rid, line.custom_id, None, detail))
+    response = {"status_code": status, "request_id": rid, "body": {"error": detail}}
+    return Answer(False, _dump(rid, line.custom_id, response, None))
+
+
+def _dump(rid: str, custom_id: str, response: Any, error: Any) -> bytes:
+    line = {"id": f"batch_req_{rid}", "custom_id": custom_id, "response": response, "error": error}
+    return orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
