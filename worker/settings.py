@@ -6,6 +6,7 @@ Read once with :func:`get_settings` and passed down; no other module reads ``os.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from functools import cache, lru_cache
 from typing import Any
 
@@ -106,6 +107,9 @@ class Settings(BaseSettings):
     # BATCHWORK_MODEL_OPTIONS='{"minilm": {"precision": "bf16"}, "gpt2": {"path": "/models/gpt2"}}'.
     # A built-in model's block is checked here; a model of your own checks its block when it loads.
     model_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Where `backend: onnx` keeps its exports of embed/classify checkpoints (keyed by content hash, opset and
+    # onnxruntime version), made once and reused by every worker that shares the folder.
+    onnx_cache_dir: Path = Field(default_factory=lambda: _cache_home() / "batchwork" / "onnx")
     # How often a worker re-reads the limits `batchwork tune --apply` stored (applied without a restart).
     tuned_refresh_s: float = Field(default=30.0, gt=0)
 
@@ -191,6 +195,10 @@ class Settings(BaseSettings):
     def embedded(self) -> bool:
         """True when no broker is configured: `batchwork run` then starts a worker in its own process."""
         return self.broker_url.startswith("memory://")
+
+
+def _cache_home() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 @cache

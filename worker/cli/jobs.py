@@ -33,7 +33,10 @@ def run(
     settings = get_settings()
     check_output_path(output_path)
     if settings.embedded:
+        from worker.models.registry import check_checkpoints
+
         settings.serve_checkpoint(model)
+        check_checkpoints(settings, only=model)  # before any work: a bad checkpoint directory is one line
     inputs = read_inputs(input_path, settings.max_items_per_job)
     client = make_client(settings)
     call = _checked(client, inputs, model, priority)

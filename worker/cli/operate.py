@@ -41,6 +41,9 @@ def worker(
         raise SetupError(f"the database {store.location()} has no batchwork schema: run `batchwork migrate`")
     from worker.broker.keys import Keys
     from worker.celery_app import app as celery_app
+    from worker.models.registry import check_checkpoints
+
+    check_checkpoints(settings)  # a bad checkpoint directory is one line now, not a failure per message
 
     if loglevel.upper() not in LOG_LEVELS:
         raise UsageError(f"unknown log level {loglevel!r}: use one of {', '.join(LOG_LEVELS)}")
@@ -167,6 +170,12 @@ def tune(
     ] = None,
     precisions: Annotated[str | None, typer.Option("--precisions", help="e.g. fp32,bf16,int8")] = None,
     apply: Annotated[bool, typer.Option("--apply", help="store the choice for every worker")] = False,
+    backends: Annotated[
+        str | None, typer.Option("--backends", help="embed/classify: e.g. torch,onnx (each x --precisions)")
+    ] = None,
+    min_cosine: Annotated[
+        float, typer.Option("--min-cosine", help="--apply with --backends: least cosine to torch fp32")
+    ] = 0.9999,
     from_history: Annotated[
         bool, typer.Option("--from-history", help="fit stored batches instead of sweeping")
     ] = False,
@@ -188,6 +197,8 @@ def tune(
         sample=sample,
         precisions=precisions,
         apply=apply,
+        backends=backends,
+        min_cosine=min_cosine,
         from_history=from_history,
         as_json=as_json,
         output_dir=output_dir,
