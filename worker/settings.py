@@ -6,8 +6,8 @@ Read once with :func:`get_settings` and passed down; no other module reads ``os.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from functools import cache, lru_cache
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator

@@ -103,7 +103,11 @@ def hf_encoder(directory: Path, architecture: str, seed: int = 0) -> Path:
 
 
 def sentence_transformer(
-    directory: Path, architecture: str, pooling: str = "mean", normalize: bool = True, max_seq_length: int = 24
+    directory: Path,
+    architecture: str,
+    pooling: str = "mean",
+    normalize: bool = True,
+    max_seq_length: int = 24,
 ) -> Path:
     """The encoder saved by sentence-transformers (its own, current layout) with a pooling and Normalize."""
     from sentence_transformers import SentenceTransformer
@@ -119,7 +123,11 @@ def sentence_transformer(
 
 
 def classic_sentence_transformer(
-    directory: Path, architecture: str, pooling: str = "mean", normalize: bool = True, max_seq_length: int = 20
+    directory: Path,
+    architecture: str,
+    pooling: str = "mean",
+    normalize: bool = True,
+    max_seq_length: int = 20,
 ) -> Path:
     """The classic layout older sentence-transformers saved (as all-MiniLM-L6-v2 ships): modules.json,
     sentence_bert_config.json, 1_Pooling/config.json with pooling_mode_* flags."""
@@ -129,13 +137,26 @@ def classic_sentence_transformer(
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        modules.append(
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+        )
     (directory / "modules.json").write_text(json.dumps(modules))
     (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
-    flags = {f"pooling_mode_{name}": False for name in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")}
-    flags[{"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens"}[pooling]] = True
+    flags = {
+        f"pooling_mode_{name}": False
+        for name in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
+    }
+    flags[
+        {
+            "mean": "pooling_mode_mean_tokens",
+            "cls": "pooling_mode_cls_token",
+            "max": "pooling_mode_max_tokens",
+        }[pooling]
+    ] = True
     (directory / "1_Pooling").mkdir()
-    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **flags}))
+    (directory / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, **flags})
+    )
     return directory
 
 

@@ -53,7 +53,11 @@ def loaded(root: Path, entry: str, **options: Any) -> Any:
 def run(model: Any, items: list[Any], batch: int = 8) -> list[Any]:
     prepared = model.prepare([type(model).validate(i, item, model.settings) for i, item in enumerate(items)])
     payloads = [p.payload for p in prepared]
-    return [out for start in range(0, len(payloads), batch) for out in model.forward(payloads[start : start + batch])]
+    return [
+        out
+        for start in range(0, len(payloads), batch)
+        for out in model.forward(payloads[start : start + batch])
+    ]
 
 
 def reference_encode(directory: Path, texts: list[str]) -> np.ndarray:
@@ -120,7 +124,9 @@ def test_options_prefix_normalize_and_max_length(root: Path, embed_dirs: dict[An
     from sentence_transformers import SentenceTransformer
 
     directory = embed_dirs[("bert", "st6", "mean", True)]
-    prefixed = np.asarray(run(loaded(root, f"e=embed:{directory}", backend="torch", prefix="query: "), ck.TEXTS))
+    prefixed = np.asarray(
+        run(loaded(root, f"e=embed:{directory}", backend="torch", prefix="query: "), ck.TEXTS)
+    )
     assert min_cosine(prefixed, reference_encode(directory, ["query: " + t for t in ck.TEXTS])) >= 0.99999
     raw = np.asarray(run(loaded(root, f"e=embed:{directory}", backend="torch", normalize=False), ck.TEXTS))
     assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
@@ -166,7 +172,9 @@ def test_classify_equals_the_pipeline(
     ours = run(model, items, batch=5)
     reference_pipe = pipeline("text-classification", model=str(directory), top_k=None, device="cpu")
     inputs = list(ck.TEXTS) + [{"text": a, "text_pair": b} for a, b in ck.PAIRS]
-    reference = [reference_pipe(item) for item in inputs]
+    # truncation=True: the pipeline truncates at the tokenizer's limit only when asked (it fails otherwise).
+    reference = [reference_pipe(item, truncation=True) for item in inputs]
+    reference = [rows[0] if isinstance(rows[0], list) else rows for rows in reference]  # a str comes wrapped
     for mine, theirs in zip(ours, reference, strict=True):
         expected = {row["label"]: row["score"] for row in theirs}
         assert set(mine["scores"]) == set(expected)
@@ -288,6 +296,7 @@ def test_refused_unsupported_sentence_transformers_modules(
     pooling = directory / "1_Pooling" / "config.json"
     pooling.write_text(json.dumps({"pooling_mode": "weightedmean"}))
     assert "pooling mode 'weightedmean' is not supported" in refusal(root, f"embed:{directory}")
+    pooling.write_text(json.dumps({"pooling_mode": "mean"}))
     modules = json.loads((directory / "modules.json").read_text())
     modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
     (directory / "modules.json").write_text(json.dumps(modules))
@@ -309,16 +318,44 @@ def test_onnx_refuses_a_precision_it_does_not_run(root: Path, good: Path) -> Non
         model_class("c", settings)(settings).load("cpu")
 
 
+def batchwork(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "COLUMNS": "400"} | env
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args], cwd=ROOT, capture_output=True, text=True, env=environment
+    )
+
+
 def test_batchwork_run_refuses_a_bad_directory_before_any_work(tmp_path: Path) -> None:
     inputs = tmp_path / "in.jsonl"
     inputs.write_text('{"text": "hello"}\n')
-    done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "run", str(inputs), "--model", f"embed:{tmp_path / 'absent'}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "BATCHWORK_DATABASE_URL": f"sqlite:///{tmp_path}/db"},
+    done = batchwork(
+        "run",
+        str(inputs),
+        "--model",
+        f"embed:{tmp_path / 'absent'}",
+        BATCHWORK_DATABASE_URL=f"sqlite:///{tmp_path}/db",
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"error: embed:{tmp_path / 'absent'}: no such directory"
     assert not (tmp_path / "db").exists()  # nothing ran
+
+
+def test_a_worker_refuses_a_bad_directory_at_start(tmp_path: Path, good: Path) -> None:
+    (good / "tokenizer.json").unlink()
+    models = json.dumps(["minilm", f"mine=classify:{good}"])
+    # No broker is reached: the directory is checked before anything connects.
+    done = batchwork("worker", BATCHWORK_BROKER_URL="redis://127.0.0.1:1/0", BATCHWORK_MODELS=models)
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip()
+        == f"error: classify:{good}: tokenizer.json is missing (a fast tokenizer is needed) in {good}"
+    )
+
+
+def test_batchwork_models_lists_kind_and_path(tmp_path: Path, good: Path) -> None:
+    models = json.dumps(["minilm", f"mine=classify:{good}"])
+    done = batchwork("models", BATCHWORK_MODELS=models, BATCHWORK_DATABASE_URL=f"sqlite:///{tmp_path}/db")
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if "mine" in line)
+    assert "classify" in line and str(good) in line
+    assert "embed" in next(line for line in done.stdout.splitlines() if "minilm" in line)

@@ -35,15 +35,15 @@ def worker(
     settings = get_settings()
     if settings.embedded:
         raise SetupError("no broker configured: set BATCHWORK_BROKER_URL (e.g. redis://localhost:6379/0)")
+    from worker.models.registry import check_checkpoints
+
+    check_checkpoints(settings)  # a bad checkpoint directory is one line at start, not a failure per message
     store = make_client(settings).store
     store.ensure_sqlite_schema()
     if not store.has_schema():
         raise SetupError(f"the database {store.location()} has no batchwork schema: run `batchwork migrate`")
     from worker.broker.keys import Keys
     from worker.celery_app import app as celery_app
-    from worker.models.registry import check_checkpoints
-
-    check_checkpoints(settings)  # a bad checkpoint directory is one line now, not a failure per message
 
     if loglevel.upper() not in LOG_LEVELS:
         raise UsageError(f"unknown log level {loglevel!r}: use one of {', '.join(LOG_LEVELS)}")

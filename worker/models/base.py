@@ -105,9 +105,9 @@ class Model:
 
     @classmethod
     def check_checkpoint(cls) -> object:
-        """For a model kind over a checkpoint directory: read and check the directory without loading weights,
-        raising SetupError (one line naming the path and what is wrong) if it cannot be served. Workers call it
-        for every served kind entry at start, `batchwork run` before any work. Nothing to check by default."""
+        """For a model kind over a checkpoint directory: read and check the directory without loading
+        weights, raising SetupError (one line naming the path and what is wrong) if it cannot be served.
+        Workers call it for every served kind entry at start, `batchwork run` before any work."""
         return None
 
     def load(self, device: str) -> None:

@@ -28,7 +28,11 @@ LEGACY_POOLING_FLAGS = {
     "pooling_mode_lasttoken": "lasttoken",
 }
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-SENTENCE_CONFIG_FILES = ("sentence_bert_config.json", "sentence_roberta_config.json", "sentence_xlm-roberta_config.json")
+SENTENCE_CONFIG_FILES = (
+    "sentence_bert_config.json",
+    "sentence_roberta_config.json",
+    "sentence_xlm-roberta_config.json",
+)
 # The longest safetensors header we read: larger is a corrupt length field, not a real header.
 MAX_HEADER_BYTES = 100 * 2**20
 
@@ -140,7 +144,9 @@ def check_safetensors(path: Path, label: str) -> None:
 def _check_tokenizer(model_dir: Path, label: str) -> None:
     path = model_dir / "tokenizer.json"
     if not path.is_file():
-        raise CheckpointError(f"{label}: tokenizer.json is missing (a fast tokenizer is needed) in {model_dir}")
+        raise CheckpointError(
+            f"{label}: tokenizer.json is missing (a fast tokenizer is needed) in {model_dir}"
+        )
     from tokenizers import Tokenizer
 
     try:
@@ -150,7 +156,8 @@ def _check_tokenizer(model_dir: Path, label: str) -> None:
 
 
 def embed_layout(directory: Path, label: str) -> EncoderLayout:
-    """The sentence-transformers modules when modules.json is there, else a plain encoder (mean, normalized)."""
+    """The sentence-transformers modules when modules.json is there, else a plain encoder (mean pooling,
+    normalized)."""
     modules_file = directory / "modules.json"
     if not modules_file.exists():
         return EncoderLayout(directory, "mean", True, None)

@@ -50,7 +50,9 @@ def load_tokenizer(
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(model_dir), local_files_only=True, trust_remote_code=False
+        )
     except Exception as exc:
         raise CheckpointError(f"{model_dir}: cannot load the tokenizer ({_first_line(exc)})") from None
     positions = int(config.get("max_position_embeddings") or UNLIMITED)
@@ -64,7 +66,12 @@ def load_tokenizer(
     if lower:
         _lowercase(backend)
     pad_id = tokenizer.pad_token_id
-    return backend, 0 if pad_id is None else int(pad_id), limit, "token_type_ids" in tokenizer.model_input_names
+    return (
+        backend,
+        0 if pad_id is None else int(pad_id),
+        limit,
+        "token_type_ids" in tokenizer.model_input_names,
+    )
 
 
 def _lowercase(backend: Tokenizer) -> None:
@@ -101,7 +108,7 @@ def choose_backend(model: Encoder, device: str) -> tuple[str, str]:
 
 
 def tuned_choice(model: Encoder, device: str) -> tuple[str, str] | None:
-    """The backend and precision `batchwork tune --backends ... --apply` stored, if any (read once, at load)."""
+    """The backend and precision `batchwork tune --backends ... --apply` stored, if any (read at load)."""
     from worker.models.device import device_kind
     from worker.tuning.limits import read_tuned
 
@@ -156,7 +163,10 @@ def _head_class() -> type[torch.nn.Module]:
             self.pooling = pooling
 
         def forward(
-            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: torch.Tensor,
+            token_type_ids: torch.Tensor | None = None,
         ) -> torch.Tensor:
             extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
@@ -218,7 +228,13 @@ class OnnxRunner:
     execution provider where the GPU build of onnxruntime is installed and the device is a GPU."""
 
     def __init__(
-        self, model: Encoder, model_dir: Path, device: str, pooling: str | None, type_ids: bool, precision: str
+        self,
+        model: Encoder,
+        model_dir: Path,
+        device: str,
+        pooling: str | None,
+        type_ids: bool,
+        precision: str,
     ) -> None:
         import onnxruntime as ort
         import torch
@@ -232,7 +248,9 @@ class OnnxRunner:
         if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
         elif device.startswith("cuda"):
-            log.warning("%s: onnxruntime has no CUDA provider here; the ONNX graph runs on the CPU", model.name)
+            log.warning(
+                "%s: onnxruntime has no CUDA provider here; the ONNX graph runs on the CPU", model.name
+            )
         self.session = ort.InferenceSession(str(path), options, providers=providers)
         self.names = [node.name for node in self.session.get_inputs()]
 
@@ -243,13 +261,19 @@ class OnnxRunner:
         return np.asarray(self.session.run(None, feeds)[0], dtype=np.float32)
 
 
-def cached_export(model: Encoder, model_dir: Path, pooling: str | None, type_ids: bool, precision: str) -> Path:
+def cached_export(
+    model: Encoder, model_dir: Path, pooling: str | None, type_ids: bool, precision: str
+) -> Path:
     """The ONNX file of this checkpoint (exported on first use) and, for int8, its quantized copy."""
     import onnxruntime as ort
     import torch
 
-    salt = f"{model.kind}|{pooling}|{type_ids}|opset{ONNX_OPSET}|ort{ort.__version__}|torch{torch.__version__}"
-    folder = Path(model.settings.onnx_cache_dir).expanduser() / content_hash(Path(model.checkpoint or model_dir), salt)
+    salt = (
+        f"{model.kind}|{pooling}|{type_ids}|opset{ONNX_OPSET}|ort{ort.__version__}|torch{torch.__version__}"
+    )
+    folder = Path(model.settings.onnx_cache_dir).expanduser() / content_hash(
+        Path(model.checkpoint or model_dir), salt
+    )
     fp32 = folder / "model.onnx"
     if not fp32.exists():
         head = load_head(model_dir, pooling, model.label())
@@ -300,7 +324,9 @@ def quantize(source: Path, path: Path) -> None:
     try:
         quantize_dynamic(str(source), str(path), per_channel=True, weight_type=QuantType.QInt8)
     except Exception as exc:
-        raise OnnxExportFailed(f"ONNX int8 quantization failed ({type(exc).__name__}: {_first_line(exc)})") from None
+        raise OnnxExportFailed(
+            f"ONNX int8 quantization failed ({type(exc).__name__}: {_first_line(exc)})"
+        ) from None
 
 
 def content_hash(directory: Path, salt: str) -> str:

@@ -200,7 +200,7 @@ class Classifier(Encoder):
 
 
 def _score_function(config: dict[str, Any]) -> Any:
-    """The pipeline's choice: sigmoid for multi-label (or a single label), none for regression, else softmax."""
+    """The pipeline's choice: sigmoid for multi-label (or one label), none for regression, else softmax."""
     problem = config.get("problem_type")
     if problem == "regression":
         return lambda logits: logits

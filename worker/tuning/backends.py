@@ -41,7 +41,7 @@ def label(backend: str, precision: str) -> str:
 
 
 def with_backend(settings: Settings, cls: type[Model], backend: str, precision: str) -> Settings:
-    """The settings with ``cls``'s options block set to this backend and precision (its other options kept)."""
+    """The settings with ``cls``'s options block set to this backend and precision (other options kept)."""
     block = {**settings.model_options.get(cls.name, {}), "backend": backend, "precision": precision}
     return settings.model_copy(update={"model_options": {**settings.model_options, cls.name: block}})
 
@@ -51,7 +51,9 @@ def load_pairs(
 ) -> dict[tuple[str, str], Model | str]:
     """Each pair loaded, or why it cannot run here (a note, not an error: the other pairs still run)."""
     if "backend" not in cls.Options.model_fields:
-        raise TuneError(f"--backends: {cls.name} has one backend; --backends is for embed and classify models")
+        raise TuneError(
+            f"--backends: {cls.name} has one backend; --backends is for embed and classify models"
+        )
     loaded: dict[tuple[str, str], Model | str] = {}
     for backend, precision in pairs:
         model = cls(with_backend(settings, cls, backend, precision))
@@ -73,7 +75,8 @@ def compare(
     memory_cap: int | None,
     sample: Sequence[object],
 ) -> list[dict[str, Any]]:
-    """One row per pair: the normal lane's N and items/s, min cosine (and max score difference) vs torch fp32."""
+    """One row per pair: the normal lane's N and items/s, min cosine (and max score difference) vs torch
+    fp32."""
     items = list(sample) or synthetic_texts(SYNTHETIC_TEXTS)
     expected = outputs(reference, items)
     rows: list[dict[str, Any]] = []
@@ -106,7 +109,9 @@ def best(rows: Sequence[dict[str, Any]], min_cos: float) -> dict[str, Any] | Non
     return max(fit, key=lambda r: r["items_per_s"], default=None)
 
 
-def bench_pairs(models: dict[tuple[str, str], Model | str], device: str, request: TuneRequest) -> dict[str, Bench]:
+def bench_pairs(
+    models: dict[tuple[str, str], Model | str], device: str, request: TuneRequest
+) -> dict[str, Bench]:
     return {
         label(*pair): Bench(model, device, request.pacing, label(*pair))
         for pair, model in models.items()
@@ -116,7 +121,14 @@ def bench_pairs(models: dict[tuple[str, str], Model | str], device: str, request
 
 def print_backends(console: Console, rows: Sequence[dict[str, Any]], chosen: dict[str, Any] | None) -> None:
     table = Table(
-        "backend", "precision", "N", "items/s", "vs torch fp32", "min cosine", "max score diff", "note",
+        "backend",
+        "precision",
+        "N",
+        "items/s",
+        "vs torch fp32",
+        "min cosine",
+        "max score diff",
+        "note",
         title="backends (outputs vs torch fp32 on the sample)",
     )
     for row in rows:

@@ -203,7 +203,14 @@ def print_result(console: Console, result: dict[str, Any], points: list[Point]) 
     if "backends" in result:
         from worker.tuning.backends import print_backends
 
-        chosen = next((r for r in result["backends"] if (r["backend"], r["precision"]) == (result["backend"], result["precision"])), None)
+        chosen = next(
+            (
+                r
+                for r in result["backends"]
+                if (r["backend"], r["precision"]) == (result["backend"], result["precision"])
+            ),
+            None,
+        )
         print_backends(console, result["backends"], chosen)
     if result.get("kv_budget_tokens") is not None:
         console.print(f"KV-cache budget the memory cap holds: {result['kv_budget_tokens']} tokens")

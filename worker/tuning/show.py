@@ -20,7 +20,15 @@ def models_table(settings: Settings) -> list[Any]:
     tuned = read_tuned(settings.database_url, kind)
     rows = {} if isinstance(tuned, str) else tuned
     table = Table(
-        "name", "kind", "checkpoint", "description", "N", "T ms", "max_batch_tokens", "lanes high / bulk N", title=f"on {kind}"
+        "name",
+        "kind",
+        "checkpoint",
+        "description",
+        "N",
+        "T ms",
+        "max_batch_tokens",
+        "lanes high / bulk N",
+        title=f"on {kind}",
     )
     notes: list[str] = [] if not isinstance(tuned, str) else [f"tuned limits not shown: {tuned}"]
     for description in served_models(settings):
