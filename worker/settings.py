@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 from functools import cache, lru_cache
+from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
@@ -124,6 +125,9 @@ class Settings(BaseSettings):
     # BATCHWORK_MODEL_OPTIONS='{"minilm": {"precision": "bf16"}, "gpt2": {"path": "/models/gpt2"}}'.
     # A built-in model's block is checked here; a model of your own checks its block when it loads.
     model_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Where `backend: onnx` keeps its exports of embed/classify checkpoints (keyed by content hash, opset and
+    # onnxruntime version), made once and reused by every worker that shares the folder.
+    onnx_cache_dir: Path = Field(default_factory=lambda: _cache_home() / "batchwork" / "onnx")
     # How often a worker re-reads the limits `batchwork tune --apply` stored (applied without a restart).
     tuned_refresh_s: float = Field(default=30.0, gt=0)
 
@@ -271,6 +275,10 @@ def _names_a_checkpoint(key: str) -> bool:
         return parse_model_entry(key).kind is not None
     except ValueError:
         return False
+
+
+def _cache_home() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 @cache

@@ -69,7 +69,10 @@ def run(
         output_path = None
     check_output_path(output_path)
     if settings.embedded:
+        from worker.models.registry import check_checkpoints
+
         settings.serve_checkpoint(model)
+        check_checkpoints(settings, only=model)  # before any work: a bad checkpoint directory is one line
     client = make_client(settings)
     call = check_file(client, input_path, model, priority, settings.max_items_per_job)
     state = None

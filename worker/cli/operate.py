@@ -35,6 +35,9 @@ def worker(
     settings = get_settings()
     if settings.embedded:
         raise SetupError("no broker configured: set BATCHWORK_BROKER_URL (e.g. redis://localhost:6379/0)")
+    from worker.models.registry import check_checkpoints
+
+    check_checkpoints(settings)  # a bad checkpoint directory is one line at start, not a failure per message
     store = make_client(settings).store
     store.ensure_sqlite_schema()
     if not store.has_schema():
@@ -194,6 +197,12 @@ def tune(
     ] = None,
     precisions: Annotated[str | None, typer.Option("--precisions", help="e.g. fp32,bf16,int8")] = None,
     apply: Annotated[bool, typer.Option("--apply", help="store the choice for every worker")] = False,
+    backends: Annotated[
+        str | None, typer.Option("--backends", help="embed/classify: e.g. torch,onnx (each x --precisions)")
+    ] = None,
+    min_cosine: Annotated[
+        float, typer.Option("--min-cosine", help="--apply with --backends: least cosine to torch fp32")
+    ] = 0.9999,
     from_history: Annotated[
         bool, typer.Option("--from-history", help="fit stored batches instead of sweeping")
     ] = False,
@@ -215,6 +224,8 @@ def tune(
         sample=sample,
         precisions=precisions,
         apply=apply,
+        backends=backends,
+        min_cosine=min_cosine,
         from_history=from_history,
         as_json=as_json,
         output_dir=output_dir,

@@ -103,6 +103,13 @@ class Model:
         """
         return text_of(index, item, settings.max_input_chars)
 
+    @classmethod
+    def check_checkpoint(cls) -> object:
+        """For a model kind over a checkpoint directory: read and check the directory without loading
+        weights, raising SetupError (one line naming the path and what is wrong) if it cannot be served.
+        Workers call it for every served kind entry at start, `batchwork run` before any work."""
+        return None
+
     def load(self, device: str) -> None:
         """Load weights onto ``device`` ("cpu", "cuda", ...)."""
 

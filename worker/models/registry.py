@@ -121,6 +121,21 @@ def spec_class(spec: ModelSpec) -> type[Model]:
     return _kind_class(spec.target, spec.name, spec.kind, spec.checkpoint or "")
 
 
+def check_checkpoints(settings: Settings, only: str | None = None) -> None:
+    """Check the directory of every served model kind entry, or of ``only`` (SetupError, one line, for the
+    first bad one)."""
+    from worker.errors import SetupError
+
+    for name, spec in settings.served.items():
+        if spec.kind is not None and only in (None, name):
+            cls = spec_class(spec)
+            try:
+                cls.options_from(settings.model_options.get(name, {}))
+            except ValueError as exc:
+                raise SetupError(f"BATCHWORK_MODEL_OPTIONS[{name!r}]: {exc}") from None
+            cls.check_checkpoint()
+
+
 def builtin_model_class(name: str) -> type[Model]:
     """The class of a built-in model (settings check their option blocks with it; no weights load)."""
     return _import_model(BUILTIN_MODELS[name])

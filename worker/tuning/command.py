@@ -39,6 +39,8 @@ def tune(request: TuneRequest, settings: Settings, console: Console) -> tuple[di
         return tune_steps(request, cls, settings, console)
     device = resolve_device(settings.device)
     kind = device_kind(device)
+    if request.backends:
+        return _tune_backends(request, cls, settings, console, device, kind)
     configured = cls.options_from(settings.model_options.get(cls.name, {})).precision
     precisions = request.precisions or (configured,)
     sample = _sample_items(request, settings)
@@ -64,6 +66,49 @@ def tune(request: TuneRequest, settings: Settings, console: Console) -> tuple[di
             cls, settings, device, models, points, request.max_batch_ms, memory_cap, sample
         )
     if request.apply:
+        apply_choice(settings, request.model, kind, lanes, result)
+    return result, points
+
+
+def _tune_backends(
+    request: TuneRequest, cls: type[Model], settings: Settings, console: Console, device: str, kind: str
+) -> tuple[dict[str, Any], list[Point]]:
+    """Each backend x precision pair swept; the fastest that meets --min-cosine is the choice (and stored
+    with --apply, its backend and precision beside its limits)."""
+    from worker.tuning import backends
+
+    configured = cls.options_from(settings.model_options.get(cls.name, {})).precision
+    pairs = [(b, p) for b in request.backends for p in (request.precisions or (configured,))]
+    sample = _sample_items(request, settings)
+    models = backends.load_pairs(cls, settings, device, pairs)
+    runnable = [model for model in models.values() if isinstance(model, Model)]
+    if not runnable:
+        raise TuneError("; ".join(str(model) for model in models.values()))
+    reference = models.get(backends.REFERENCE)
+    if not isinstance(reference, Model):
+        reference = backends.load_pairs(cls, settings, device, [backends.REFERENCE])[backends.REFERENCE]
+    if not isinstance(reference, Model):
+        raise TuneError(f"torch fp32 (the reference) cannot run: {reference}")
+    memory_cap = _memory_cap(device, request.memory_fraction)
+    lengths = _lengths(request, cls, runnable[0], sample)
+    points: list[Point] = []
+    with _progress(console) as progress:
+        for name, bench in backends.bench_pairs(models, device, request).items():
+            points += sweep_lengths(bench.measure, lengths, request, progress, name)
+    rows = backends.compare(models, reference, points, request, memory_cap, sample)
+    chosen = backends.best(rows, request.min_cosine)
+    first = next(row for row in rows if "note" not in row)
+    picked = chosen or first
+    mine = [p for p in points if p.precision == backends.label(picked["backend"], picked["precision"])]
+    rates, tuned = read_history(settings, request.model, kind)
+    lanes = choose(mine, request.max_batch_ms, memory_cap, rates)
+    result = build_result(request, cls, device, kind, picked["precision"], memory_cap, lanes, mine, tuned)
+    result |= {"backend": picked["backend"], "backends": rows, "min_cosine": request.min_cosine}
+    if request.apply:
+        if chosen is None:
+            raise TuneError(
+                f"--apply: no backend and precision met --min-cosine {request.min_cosine}; nothing stored"
+            )
         apply_choice(settings, request.model, kind, lanes, result)
     return result, points
 
@@ -155,6 +200,18 @@ def print_result(console: Console, result: dict[str, Any], points: list[Point]) 
     report.print_choice(console, result)
     if "precisions" in result:
         report.print_precisions(console, result["precisions"])
+    if "backends" in result:
+        from worker.tuning.backends import print_backends
+
+        chosen = next(
+            (
+                r
+                for r in result["backends"]
+                if (r["backend"], r["precision"]) == (result["backend"], result["precision"])
+            ),
+            None,
+        )
+        print_backends(console, result["backends"], chosen)
     if result.get("kv_budget_tokens") is not None:
         console.print(f"KV-cache budget the memory cap holds: {result['kv_budget_tokens']} tokens")
 
@@ -168,6 +225,8 @@ def run_command(
     sample: Path | None,
     precisions: str | None,
     apply: bool,
+    backends: str | None = None,
+    min_cosine: float = 0.9999,
     from_history: bool,
     as_json: bool,
     output_dir: Path | None,
@@ -182,7 +241,9 @@ def run_command(
 
     if point_s <= 0:
         raise TuneError("--point-s must be above 0")
-    if from_history and (apply or precisions):
+    from worker.tuning.backends import parse_backends
+
+    if from_history and (apply or precisions or backends):
         raise TuneError("--from-history measures nothing: --apply and --precisions go with a sweep")
     request = TuneRequest(
         model,
@@ -194,6 +255,8 @@ def run_command(
         apply,
         max_n,
         Pacing(point_s=point_s),
+        parse_backends(backends),
+        min_cosine,
     )
     if output_dir is not None:
         report.check_output_dir(output_dir)

@@ -67,6 +67,8 @@ def outputs(model: Model, items: Sequence[object]) -> np.ndarray:
     rows: list[Any] = []
     for start in range(0, len(payloads), COMPARE_BATCH):
         rows += model.forward(payloads[start : start + COMPARE_BATCH])
+    if rows and isinstance(rows[0], dict) and "scores" in rows[0]:  # classify: the score vectors
+        rows = [list(row["scores"].values()) for row in rows]
     return np.asarray(rows, dtype=np.float64)
 
 

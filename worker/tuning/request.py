@@ -30,6 +30,8 @@ class TuneRequest:
     apply: bool = False
     max_n: int = 1024
     pacing: Pacing = field(default_factory=Pacing)
+    backends: tuple[str, ...] = ()  # empty: the model's configured backend only
+    min_cosine: float = 0.9999  # --apply of a backend sweep stores only a pair at least this close to fp32
 
 
 def parse_lengths(text: str) -> tuple[int, ...] | None:

@@ -119,7 +119,8 @@ def apply_choice(
     if settings.database_url.startswith("sqlite"):
         migrate(settings.database_url)  # the embedded run's database is created on first use
     store = TunedLimits.from_url(settings.database_url)
-    detail = {key: result[key] for key in ("max_batch_ms", "precision", "memory_cap_bytes", "lanes", "knee")}
+    keys = ("max_batch_ms", "precision", "memory_cap_bytes", "lanes", "knee", "backend")
+    detail = {key: result[key] for key in keys if key in result}
     try:
         store.apply(
             model, kind, as_batching_settings(lanes), detail, f"{getpass.getuser()}@{socket.gethostname()}"

@@ -20,7 +20,15 @@ def models_table(settings: Settings) -> list[Any]:
     tuned = read_tuned(settings.database_url, kind)
     rows = {} if isinstance(tuned, str) else tuned
     table = Table(
-        "name", "description", "N", "T ms", "max_batch_tokens", "lanes high / bulk N", title=f"on {kind}"
+        "name",
+        "kind",
+        "checkpoint",
+        "description",
+        "N",
+        "T ms",
+        "max_batch_tokens",
+        "lanes high / bulk N",
+        title=f"on {kind}",
     )
     notes: list[str] = [] if not isinstance(tuned, str) else [f"tuned limits not shown: {tuned}"]
     for description in served_models(settings):
@@ -30,8 +38,11 @@ def models_table(settings: Settings) -> list[Any]:
         name = description.name
         limits = effective(name, model_class(name, settings), settings, rows.get(name))
         normal = limits.lanes["normal"]
+        spec, cls = settings.served[name], model_class(name, settings)
         table.add_row(
             name,
+            cls.kind or "-",
+            spec.checkpoint or "-",
             description.description,
             f"{normal.max_batch_size} ({limits.sources['max_batch_size']})",
             f"{normal.max_wait_s * 1000:g} ({limits.sources['max_wait_ms']})",

@@ -1,0 +1,53 @@
+"""The reference sides of bench/encoders_vs_references.py, each one whole process over a JSONL file, writing
+one JSON line per input as ``batchwork run`` does: sentence-transformers ``encode(batch_size=32)`` of a
+checkpoint directory (``--backend onnx`` for its own ONNX backend), or transformers'
+``pipeline("text-classification", top_k=None)`` over the texts in batches of 32.
+
+Run: ``python -m bench.st_reference encode|classify DIR IN.jsonl OUT.jsonl [--backend torch|onnx]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import orjson
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("task", choices=["encode", "classify"])
+    parser.add_argument("directory")
+    parser.add_argument("source")
+    parser.add_argument("target")
+    parser.add_argument("--backend", default="torch")
+    args = parser.parse_args()
+    with open(args.source, "rb") as lines:
+        texts = [orjson.loads(line)["text"] for line in lines if line.strip()]
+    outputs = (
+        encode(args.directory, texts, args.backend)
+        if args.task == "encode"
+        else classify(args.directory, texts)
+    )
+    with open(args.target, "wb") as out:
+        for index, output in enumerate(outputs):
+            out.write(
+                orjson.dumps({"index": index, "output": output}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+            )
+
+
+def encode(directory: str, texts: list[str], backend: str) -> list[object]:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(directory, device="cpu", backend=backend, local_files_only=True)
+    return list(model.encode(texts, batch_size=32, show_progress_bar=False))
+
+
+def classify(directory: str, texts: list[str]) -> list[object]:
+    from transformers import pipeline
+
+    pipe = pipeline("text-classification", model=directory, top_k=None, device="cpu")
+    return [{row["label"]: row["score"] for row in rows} for rows in pipe(texts, batch_size=32)]
+
+
+if __name__ == "__main__":
+    main()

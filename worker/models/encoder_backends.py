@@ -1,0 +1,361 @@
+"""The backends an embed or classify checkpoint runs on: torch (transformers' AutoModel with the pooling or
+the classifier's logits on top) or ONNX Runtime (that same module exported once with torch's exporter,
+cached by content hash, opset and ORT version; int8 is ORT's dynamic per-channel quantization).
+
+Only ``Encoder.load`` imports this module; torch, transformers and onnxruntime are imported in functions.
+Never trust_remote_code, never a hub: everything loads with local_files_only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from worker.models.checkpoint import CheckpointError
+from worker.models.precision import UnsupportedPrecision, check_precision, prepare_module
+
+if TYPE_CHECKING:
+    import torch
+    from tokenizers import Tokenizer
+
+    from worker.models.encoders import Encoder
+
+log = logging.getLogger(__name__)
+
+ONNX_OPSET = 17
+ONNX_PRECISIONS = ("fp32", "int8")
+# A tokenizer without a limit of its own says so with a huge model_max_length; positions cap it then.
+UNLIMITED = 10**6
+
+
+class Runner(Protocol):
+    def run(self, input_ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray | None) -> np.ndarray:
+        """float32 rows: the pooled vectors (embed) or the logits (classify), one per input."""
+        ...
+
+
+def load_tokenizer(
+    model_dir: Path, config: dict[str, Any], option_limit: int | None, layout_limit: int | None, lower: bool
+) -> tuple[Tokenizer, int, int, bool]:
+    """The checkpoint's fast tokenizer as transformers builds it, truncating where sentence-transformers and
+    the pipeline do and never padding; its pad id, its limit, and whether the model takes segment ids."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(model_dir), local_files_only=True, trust_remote_code=False
+        )
+    except Exception as exc:
+        raise CheckpointError(f"{model_dir}: cannot load the tokenizer ({_first_line(exc)})") from None
+    positions = int(config.get("max_position_embeddings") or UNLIMITED)
+    own = int(min(tokenizer.model_max_length, UNLIMITED))
+    limit = min(option_limit or layout_limit or own, positions)
+    backend = tokenizer.backend_tokenizer
+    # Set once here, never per call: encode_batch then only reads the tokenizer (a change while another
+    # thread tokenizes raises "Already borrowed", huggingface/tokenizers#537).
+    backend.no_padding()
+    backend.enable_truncation(max_length=limit, strategy="longest_first")
+    if lower:
+        _lowercase(backend)
+    pad_id = tokenizer.pad_token_id
+    return (
+        backend,
+        0 if pad_id is None else int(pad_id),
+        limit,
+        "token_type_ids" in tokenizer.model_input_names,
+    )
+
+
+def _lowercase(backend: Tokenizer) -> None:
+    """sentence_bert_config's do_lower_case, as sentence-transformers applies it."""
+    from tokenizers import normalizers
+
+    current = backend.normalizer
+    if current is not None and "Lowercase" in repr(current):
+        return
+    backend.normalizer = normalizers.Sequence([normalizers.Lowercase(), *([current] if current else [])])
+
+
+def choose_backend(model: Encoder, device: str) -> tuple[str, str]:
+    """(backend, precision): the options; under ``auto`` tune's stored choice for this model and device kind
+    (its precision unless one is set), else onnx on a CPU and torch on CUDA."""
+    opts = model.opts
+    backend, precision = opts.backend, opts.precision
+    if backend == "auto":
+        stored = tuned_choice(model, device)
+        if stored is not None:
+            backend = stored[0]
+            precision = precision if "precision" in opts.model_fields_set else stored[1]
+        else:
+            on_cpu = not device.startswith("cuda")
+            backend = "onnx" if on_cpu and precision in ONNX_PRECISIONS else "torch"
+    if backend == "onnx":
+        if precision not in ONNX_PRECISIONS:
+            raise UnsupportedPrecision(
+                f"precision {precision} under backend onnx: use fp32 or int8 there, or backend torch"
+            )
+        if precision == "int8" and device.startswith("cuda"):
+            raise UnsupportedPrecision("precision int8 under backend onnx runs on the CPU only")
+    return backend, precision
+
+
+def tuned_choice(model: Encoder, device: str) -> tuple[str, str] | None:
+    """The backend and precision `batchwork tune --backends ... --apply` stored, if any (read at load)."""
+    from worker.models.device import device_kind
+    from worker.tuning.limits import read_tuned
+
+    rows = read_tuned(model.settings.database_url, device_kind(device))
+    row = None if isinstance(rows, str) else rows.get(model.name)
+    detail = (row.detail or {}) if row is not None else {}
+    if detail.get("backend") in ("torch", "onnx") and detail.get("precision"):
+        return str(detail["backend"]), str(detail["precision"])
+    return None
+
+
+def load_runner(
+    model: Encoder, model_dir: Path, device: str, *, pooling: str | None, type_ids: bool
+) -> tuple[Runner, str, str]:
+    """The runner for the chosen backend, its name and precision. An ONNX export that fails falls back to
+    torch with one warning line."""
+    backend, precision = choose_backend(model, device)
+    if backend == "onnx":
+        try:
+            return OnnxRunner(model, model_dir, device, pooling, type_ids, precision), "onnx", precision
+        except OnnxExportFailed as exc:
+            log.warning("%s: %s; running it on torch", model.name, exc)
+    check_precision(precision, device)
+    head = prepare_module(load_head(model_dir, pooling, model.label()).to(device), precision)
+    return TorchRunner(head, device, type_ids), "torch", precision
+
+
+def load_head(model_dir: Path, pooling: str | None, label: str) -> torch.nn.Module:
+    """The transformers model with the pooling (embed) or as its logits (classify), in eval mode, fp32."""
+    import torch
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    auto = AutoModel if pooling is not None else AutoModelForSequenceClassification
+    try:
+        model = auto.from_pretrained(
+            str(model_dir), local_files_only=True, trust_remote_code=False, dtype=torch.float32
+        )
+    except Exception as exc:
+        raise CheckpointError(f"{label}: cannot load the weights ({_first_line(exc)})") from None
+    return _head_class()(model, pooling).eval()
+
+
+def _head_class() -> type[torch.nn.Module]:
+    import torch
+
+    class Head(torch.nn.Module):
+        """One graph from token ids to what the kind returns: pooled vectors, or logits (float32)."""
+
+        def __init__(self, model: torch.nn.Module, pooling: str | None) -> None:
+            super().__init__()
+            self.model = model
+            self.pooling = pooling
+
+        def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: torch.Tensor,
+            token_type_ids: torch.Tensor | None = None,
+        ) -> torch.Tensor:
+            extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
+            if self.pooling is None:
+                return out.logits.float()
+            # Pooled in float32 whatever the precision (a bf16 mean over long, padded rows lost 3 digits).
+            return pool(out.last_hidden_state.float(), attention_mask, self.pooling)
+
+    return Head
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """sentence-transformers' Pooling over right-padded rows: mean, cls, max or lasttoken."""
+    import torch
+
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    if mode == "mean":
+        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "max":
+        return hidden.masked_fill(weights == 0, float("-inf")).max(dim=1).values
+    last = (mask.sum(dim=1) - 1).clamp(min=0)
+    index = last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])
+    return torch.gather(hidden, 1, index).squeeze(1)
+
+
+class TorchRunner:
+    def __init__(self, head: torch.nn.Module, device: str, type_ids: bool) -> None:
+        self.head = head
+        self.device = device
+        self.type_ids = type_ids
+
+    def run(self, input_ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray | None) -> np.ndarray:
+        import torch
+
+        inputs = [input_ids, mask]
+        if self.type_ids:
+            inputs.append(np.zeros_like(input_ids) if type_ids is None else type_ids)
+        with torch.inference_mode():
+            tensors = [self._to_device(array) for array in inputs]
+            return self.head(*tensors).float().cpu().numpy()
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        import torch
+
+        tensor = torch.from_numpy(array)
+        if not self.device.startswith("cuda"):
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
+
+class OnnxExportFailed(RuntimeError):
+    """torch's exporter (or ORT's quantizer) could not make a graph of this checkpoint."""
+
+
+class OnnxRunner:
+    """An ORT session over the cached export: full graph optimization, the worker's thread count, CUDA's
+    execution provider where the GPU build of onnxruntime is installed and the device is a GPU."""
+
+    def __init__(
+        self,
+        model: Encoder,
+        model_dir: Path,
+        device: str,
+        pooling: str | None,
+        type_ids: bool,
+        precision: str,
+    ) -> None:
+        import onnxruntime as ort
+        import torch
+
+        path = cached_export(model, model_dir, pooling, type_ids, precision)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        providers = ["CPUExecutionProvider"]
+        if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, "CUDAExecutionProvider")
+        elif device.startswith("cuda"):
+            log.warning(
+                "%s: onnxruntime has no CUDA provider here; the ONNX graph runs on the CPU", model.name
+            )
+        self.session = ort.InferenceSession(str(path), options, providers=providers)
+        self.names = [node.name for node in self.session.get_inputs()]
+
+    def run(self, input_ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray | None) -> np.ndarray:
+        feeds = {"input_ids": input_ids, "attention_mask": mask}
+        if "token_type_ids" in self.names:
+            feeds["token_type_ids"] = np.zeros_like(input_ids) if type_ids is None else type_ids
+        return np.asarray(self.session.run(None, feeds)[0], dtype=np.float32)
+
+
+def cached_export(
+    model: Encoder, model_dir: Path, pooling: str | None, type_ids: bool, precision: str
+) -> Path:
+    """The ONNX file of this checkpoint (exported on first use) and, for int8, its quantized copy."""
+    import onnxruntime as ort
+    import torch
+
+    salt = (
+        f"{model.kind}|{pooling}|{type_ids}|opset{ONNX_OPSET}|ort{ort.__version__}|torch{torch.__version__}"
+    )
+    folder = Path(model.settings.onnx_cache_dir).expanduser() / content_hash(
+        Path(model.checkpoint or model_dir), salt
+    )
+    fp32 = folder / "model.onnx"
+    if not fp32.exists():
+        head = load_head(model_dir, pooling, model.label())
+        _atomic(fp32, lambda tmp: export(head, tmp, type_ids))
+        del head
+    if precision != "int8":
+        return fp32
+    int8 = folder / "model.int8.onnx"
+    if not int8.exists():
+        _atomic(int8, lambda tmp: quantize(fp32, tmp))
+    return int8
+
+
+def export(head: torch.nn.Module, path: Path, type_ids: bool) -> None:
+    """torch's exporter with dynamic batch and sequence axes. The example batch has padding, so a traced
+    branch on "is anything padded?" takes the general (masked) way."""
+    import torch
+
+    names = ["input_ids", "attention_mask", *(["token_type_ids"] if type_ids else [])]
+    ids = torch.full((2, 8), 5, dtype=torch.long)
+    mask = torch.ones((2, 8), dtype=torch.long)
+    mask[1, 5:] = 0
+    example = (ids, mask, *([torch.zeros_like(ids)] if type_ids else []))
+    axes = {name: {0: "batch", 1: "sequence"} for name in names} | {"output": {0: "batch"}}
+    try:
+        # The legacy exporter's deprecation notice and the tracer's warnings about shape checks would land in
+        # a worker's log at every export; the tests compare the graph's outputs instead.
+        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                head,
+                example,
+                str(path),
+                input_names=names,
+                output_names=["output"],
+                dynamic_axes=axes,
+                opset_version=ONNX_OPSET,
+                dynamo=False,
+            )
+    except Exception as exc:  # any exporter failure is the same outcome: this checkpoint runs on torch
+        raise OnnxExportFailed(f"ONNX export failed ({type(exc).__name__}: {_first_line(exc)})") from None
+
+
+def quantize(source: Path, path: Path) -> None:
+    """ORT's dynamic quantization: int8 weights per output channel, activations quantized per batch."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    try:
+        quantize_dynamic(str(source), str(path), per_channel=True, weight_type=QuantType.QInt8)
+    except Exception as exc:
+        raise OnnxExportFailed(
+            f"ONNX int8 quantization failed ({type(exc).__name__}: {_first_line(exc)})"
+        ) from None
+
+
+def content_hash(directory: Path, salt: str) -> str:
+    """sha256 over every file of the checkpoint (relative path and bytes) and the salt."""
+    digest = hashlib.sha256(salt.encode())
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(directory)).encode() + b"\0")
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(2**20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()[:32]
+
+
+def _atomic(target: Path, make: Any) -> None:
+    """Make ``target`` in a temporary folder beside it, then rename: a worker that dies mid-export leaves no
+    half file, and two workers exporting at once each publish a whole one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=".export-"))
+    try:
+        tmp = scratch / target.name
+        make(tmp)
+        # External data (models over 2 GB) lands beside the graph; move every file the export wrote.
+        # The graph goes last, so a graph that exists is whole.
+        for produced in sorted(scratch.iterdir(), key=lambda p: p.name == target.name):
+            os.replace(produced, target.parent / produced.name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__
