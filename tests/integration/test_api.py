@@ -139,7 +139,7 @@ def test_a_bad_ndjson_line_refuses_the_whole_body_and_enqueues_nothing(env: dict
                 and 'status="400"' in name
             )
 
-        wait_until(lambda: broken_off() == 2, 10, lambda: f"{broken_off()} broken bodies answered 400")
+        wait_until(lambda: broken_off() == 2, 60, lambda: f"{broken_off()} broken bodies answered 400")
         assert client.http.get("/v1/jobs").json()["jobs"] == []
         assert sum(broker.llen(queue) for queue in QUEUES) == 0
         assert not [line for line in api.log if "Traceback" in line or "ERROR" in line], api.log
@@ -264,7 +264,7 @@ def test_a_checking_process_that_dies_costs_no_later_upload(env: dict[str, str])
         assert len(checkers) == 2
         for pid in checkers:
             os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: not set(checkers) & set(checking_processes(api.proc.pid)), 10, lambda: "unkilled")
+        wait_until(lambda: not set(checkers) & set(checking_processes(api.proc.pid)), 60, lambda: "unkilled")
 
         answer = client.http.post(
             "/v1/jobs", params={"model": ECHO}, content=body, headers={"Content-Type": "application/x-ndjson"}

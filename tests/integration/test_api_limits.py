@@ -193,7 +193,7 @@ def test_workers_and_the_api_serve_prometheus_metrics(env: dict[str, str]) -> No
             samples = scrape(f"http://127.0.0.1:{port}/metrics")
             return samples if samples.get(f'batchwork_items_total{{{lane},outcome="error"}}') else None
 
-        samples = wait_until(worker_metrics, 10, lambda: "the worker's metrics never counted the items")
+        samples = wait_until(worker_metrics, 60, lambda: "the worker's metrics never counted the items")
         assert samples[f'batchwork_items_total{{{lane},outcome="ok"}}'] == 2
         assert samples[f'batchwork_items_total{{{lane},outcome="error"}}'] == 1
         assert samples[f'batchwork_batches_total{{{lane},outcome="error"}}'] >= 1

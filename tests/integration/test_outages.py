@@ -34,7 +34,11 @@ def test_a_database_outage_mid_run_loses_nothing(redis_url: str, pg_url: str, pg
             [job_id] = produce(env, [{"via": "submit", "model": "simulated", "inputs": ["x"] * 1000}])
             wait_until(lambda: store.status(job_id).done >= 100, 60, lambda: "100 items before the outage")
             proxy.cut()  # the worker's database connections drop and new ones are refused
-            time.sleep(8)
+            wait_until(
+                lambda: any("retrying" in line for line in worker.log),
+                60,
+                lambda: "the worker never said it was retrying:\n" + "\n".join(worker.log[-20:]),
+            )
             done_during_outage = store.status(job_id).done  # read directly, not through the proxy
             proxy.restore()
             [status] = wait_finished(store, [job_id], timeout_s=90)

@@ -162,7 +162,9 @@ def test_minilm_through_the_pipeline_equals_sentence_transformers(stack) -> None
 
 
 @pytest.mark.slow
-def test_a_high_priority_job_overtakes_a_queued_bulk_backlog(stack) -> None:
+def test_a_high_priority_job_overtakes_a_queued_bulk_backlog(stack, producer: dict[str, str]) -> None:
+    from worker.tasks import infer
+
     env, store = stack
     # 20 ms + 0.25 ms per item: bulk batches of 64 take 36 ms, about 1,800 items/s. The worker holds up
     # to 8,192 bulk items, 4.6 s of work: older than bulk's 2 s aging bound, which must not hold high back.
@@ -175,16 +177,19 @@ def test_a_high_priority_job_overtakes_a_queued_bulk_backlog(stack) -> None:
     with workers(env):
         # The backlog is being worked through.
         wait_until(lambda: store.status(bulk).done >= 2_000, 120, lambda: "the bulk backlog never started")
-        urgent = produce(
-            env, [{"via": "delay", "model": "simulated", "inputs": ["now"], "priority": "high"}] * 3
-        )
+        # From this process (a producer process would take seconds to start on a loaded machine).
+        urgent = [infer.delay(model="simulated", inputs=["now"], priority="high").id for _ in range(3)]
         statuses = wait_finished(store, urgent, timeout_s=30)
         bulk_done_then = store.status(bulk).done
         wait_finished(store, [bulk], timeout_s=120)
     assert all(s.state == "succeeded" for s in statuses)
     assert bulk_done_then < backlog * 0.8, "the urgent jobs waited behind most of the backlog"
-    # From registration at submit to the stored result: about one bulk batch, not seconds of backlog.
-    assert max((s.finished_at - s.created_at).total_seconds() for s in statuses) < 1.0
+    # From registration at submit to the stored result: a few bulk batches (in flight or formed), not the
+    # backlog's 250; counted in bulk batches started meanwhile, not in seconds (load stretches those).
+    bulk_batches = store.recent_batches(bulk, limit=1000)
+    for status in statuses:
+        meanwhile = [b for b in bulk_batches if status.created_at <= b.started_at <= status.finished_at]
+        assert len(meanwhile) <= 10, f"{len(meanwhile)} bulk batches ran before an urgent job"
     assert {b.lane for job in urgent for b in store.recent_batches(job)} == {"high"}
 
 

@@ -83,7 +83,7 @@ def test_a_running_worker_takes_newly_applied_limits_without_restart(stack) -> N
         [before] = produce(env, [{"via": "submit", "model": "simulated", "inputs": texts(200)}])
         wait_finished(store, [before])
         tuned.apply("simulated", "cpu", {"max_batch_size": 10}, {}, "test")
-        wait_until(lambda: any("tuned limits of simulated" in line for line in worker.log), 10, "refresh")
+        wait_until(lambda: any("tuned limits of simulated" in line for line in worker.log), 60, "refresh")
         [after] = produce(env, [{"via": "submit", "model": "simulated", "inputs": texts(200)}])
         wait_finished(store, [after])
     assert max(b.size for b in store.recent_batches(before, limit=100)) == 64  # the model's default N
@@ -96,7 +96,7 @@ def test_out_of_memory_sizes_are_recorded_and_a_tuned_n_above_them_is_flagged(st
     with workers(env):
         [job_id] = produce(env, [{"via": "submit", "model": OOM_MODEL, "inputs": texts(300)}])
         wait_finished(store, [job_id])
-        wait_until(lambda: any(r.oom_batch_size for r in tuned.rows(model=OOM_MODEL)), 10, "OOM record")
+        wait_until(lambda: any(r.oom_batch_size for r in tuned.rows(model=OOM_MODEL)), 60, "OOM record")
     [row] = tuned.rows(model=OOM_MODEL)
     assert row.oom_batch_size is not None and row.oom_batch_size > 16 and row.oom_worker == "w0@test"
 
