@@ -7,10 +7,12 @@ from ``client.submit`` (a SQL row first) and from ``infer.delay`` (a Redis recor
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,3 +119,30 @@ def test_jobs_whose_messages_vanished_end_lost_and_the_others_wait(
     finally:
         store.close()
         client.close()
+
+
+@pytest.mark.slow
+def test_a_run_waiting_on_purged_messages_ends_with_every_line_lost(
+    deployment: dict[str, str], redis_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"text": "t{i}"}}\n' for i in range(5)))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "run", "in.jsonl", "-m", "noop", "-o", "out.jsonl"],
+        cwd=tmp_path,
+        env=deployment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    client = redis.Redis.from_url(redis_url)
+    try:
+        wait_until(lambda: client.llen("batchwork.normal"), 60, lambda: "the run's message never queued")
+        client.delete("batchwork.normal")  # what `celery purge` does to a queue
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+        client.close()
+    assert run.returncode == 1, err
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [line["index"] for line in lines] == list(range(5))
+    assert all(line["error"].startswith("lost: ") for line in lines)
