@@ -7,23 +7,18 @@ from __future__ import annotations
 
 import os
 import re
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from worker.batching.policy import PRIORITIES
-from worker.bounds import MAX_MODEL_NAME_CHARS
-from worker.models.registry import BUILTIN_MODELS, builtin_model_class
+from worker.models.registry import BUILTIN_MODELS, ModelSpec, builtin_model_class, parse_model_entry
 
 __all__ = ["PRIORITIES", "BatchingSettings", "LaneSettings", "Settings", "get_settings"]
 
-# A model is a built-in name or an import path: dotted module, one colon, a class name.
-_MODEL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 # The brokers batchwork speaks (memory: the embedded run) and, per database, the drivers it installs.
 BROKER_SCHEMES = ("redis", "rediss", "memory")
 DATABASE_DRIVERS = {"sqlite": ("pysqlite",), "postgresql": ("psycopg",)}
@@ -111,8 +106,9 @@ class Settings(BaseSettings):
         default="auto", description="auto (CUDA when present, else CPU), cpu, cuda, cuda:1 ..."
     )
 
-    # The models this deployment serves: built-in names and "package.module:Class" paths. A message or call
-    # naming anything else is refused before any import, so no caller can make a worker import a module.
+    # The models this deployment serves: built-in names, "package.module:Class" paths and checkpoints of a
+    # model kind, "NAME=embed:/dir" (see worker/models/registry.py). A message or call naming anything else
+    # is refused before any import, so no caller can make a worker import a module.
     models: list[str] = Field(default_factory=lambda: sorted(BUILTIN_MODELS))
     # An item whose worker died this many times while running it (a segfault, os._exit, the OOM killer)
     # ends with an error instead of being delivered again, so one poison input cannot crash-loop a fleet.
@@ -186,25 +182,31 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _database_url(cls, url: str) -> str:
+        # Parsed without SQLAlchemy, which a producer (infer.delay) never imports.
+        scheme, separator, _rest = url.partition("://")
         try:
-            parsed = make_url(url)
-        except (ArgumentError, ValueError):
-            raise ValueError(f"not a database URL: use {_DATABASE_EXAMPLE}") from None
-        backend, _, driver = parsed.drivername.partition("+")  # no dialect loaded: it may not exist
+            parts = urlsplit(url)
+            parts.port  # noqa: B018  (reading it checks it)
+        except ValueError:
+            parts = None
+        if not separator or parts is None or not re.fullmatch(r"[a-z][a-z0-9]*(\+[a-z0-9_]+)?", scheme):
+            raise ValueError(f"not a database URL: use {_DATABASE_EXAMPLE}")
+        backend, _, driver = scheme.partition("+")
         drivers = DATABASE_DRIVERS.get("postgresql" if backend == "postgres" else backend)
         if drivers is None:
-            raise ValueError(
-                f"{backend or url[:20]!r} is not a database batchwork runs on: use {_DATABASE_EXAMPLE}"
-            )
+            raise ValueError(f"{backend!r} is not a database batchwork runs on: use {_DATABASE_EXAMPLE}")
         if driver and driver not in drivers:
-            raise ValueError(f"{parsed.drivername}: the {backend} driver batchwork installs is {drivers[0]}")
+            raise ValueError(f"{scheme}: the {backend} driver batchwork installs is {drivers[0]}")
         return url
 
     @field_validator("batching", "model_options")
     @classmethod
     def _served_models_only(cls, blocks: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        served: list[str] = info.data.get("models") or []
-        unknown = sorted(set(blocks) - set(served)) if "models" in info.data else []
+        if "models" not in info.data:  # refused already
+            return blocks
+        served = list(_served(tuple(info.data["models"])))
+        # A "KIND:/dir" name is served later by the embedded run that is given it (serve_checkpoint).
+        unknown = sorted(name for name in set(blocks) - set(served) if not _is_checkpoint(name))
         if unknown:
             served_list = ", ".join(served)
             raise ValueError(
@@ -223,22 +225,46 @@ class Settings(BaseSettings):
     @field_validator("models")
     @classmethod
     def _model_names(cls, models: list[str]) -> list[str]:
-        for name in models:
-            if len(name) > MAX_MODEL_NAME_CHARS:
-                raise ValueError(
-                    f"model names are at most {MAX_MODEL_NAME_CHARS} characters: {name[:40]!r}..."
-                )
-            if name not in BUILTIN_MODELS and not _MODEL_PATH.fullmatch(name):
-                raise ValueError(
-                    f"{name!r} is neither a built-in model ({', '.join(sorted(BUILTIN_MODELS))}) "
-                    "nor an import path 'package.module:ClassName'"
-                )
+        names: set[str] = set()
+        for entry in models:
+            name = parse_model_entry(entry).name
+            if name in names:
+                raise ValueError(f"model {name!r} is named twice")
+            names.add(name)
         return models
+
+    @property
+    def served(self) -> dict[str, ModelSpec]:
+        """The served models by the name callers use, in BATCHWORK_MODELS order."""
+        return _served(tuple(self.models))
+
+    def serve_checkpoint(self, entry: str) -> None:
+        """Serve a "KIND:/dir" entry in this process too: the embedded run's ``--model embed:/dir`` (the
+        user's own process and its own worker, so no deployment allow-list is widened)."""
+        try:
+            spec = parse_model_entry(entry)
+        except ValueError:
+            return  # not served, so the call is refused as an unknown model, in one line
+        if spec.kind is not None and spec.name not in self.served:
+            self.models.append(entry)
 
     @property
     def embedded(self) -> bool:
         """True when no broker is configured: `batchwork run` then starts a worker in its own process."""
         return self.broker_url.startswith("memory://")
+
+
+@cache
+def _served(models: tuple[str, ...]) -> dict[str, ModelSpec]:
+    # Parsed once per list (model_copy may change it), read on every call that names a model.
+    return {spec.name: spec for spec in map(parse_model_entry, models)}
+
+
+def _is_checkpoint(name: str) -> bool:
+    try:
+        return parse_model_entry(name).kind is not None
+    except ValueError:
+        return False
 
 
 def _check_redis_url(parts: SplitResult) -> None:

@@ -32,6 +32,8 @@ def run(
     """Submit a file, show progress, wait, and write every item's result in input order."""
     settings = get_settings()
     check_output_path(output_path)
+    if settings.embedded:
+        settings.serve_checkpoint(model)
     inputs = read_inputs(input_path, settings.max_items_per_job)
     client = make_client(settings)
     call = _checked(client, inputs, model, priority)
