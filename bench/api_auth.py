@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 python_module("bench.api_auth", "--serve", variant.replace(" ", "-"), "--port", str(port)),
                 env,
                 variant,
-                re.compile(r"Application startup complete|Uvicorn running on"),
+                UVICORN_READY,
             )
             for variant, port in ports.items()
         ]

@@ -14,8 +14,6 @@ from urllib.parse import SplitResult, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from worker.batching.policy import PRIORITIES
 from worker.models.registry import BUILTIN_MODELS, ModelSpec, builtin_model_class, parse_model_entry
@@ -194,27 +192,32 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _database_url(cls, url: str) -> str:
+        # Parsed without SQLAlchemy, which a producer (infer.delay) never imports.
+        scheme, separator, _rest = url.partition("://")
         try:
-            parsed = make_url(url)
-        except (ArgumentError, ValueError):
-            raise ValueError(f"not a database URL: use {_DATABASE_EXAMPLE}") from None
-        backend, _, driver = parsed.drivername.partition("+")  # no dialect loaded: it may not exist
+            parts = urlsplit(url)
+            parts.port  # noqa: B018  (reading it checks it)
+        except ValueError:
+            parts = None
+        if not separator or parts is None or not re.fullmatch(r"[a-z][a-z0-9]*(\+[a-z0-9_]+)?", scheme):
+            raise ValueError(f"not a database URL: use {_DATABASE_EXAMPLE}")
+        backend, _, driver = scheme.partition("+")
         drivers = DATABASE_DRIVERS.get("postgresql" if backend == "postgres" else backend)
         if drivers is None:
-            raise ValueError(
-                f"{backend or url[:20]!r} is not a database batchwork runs on: use {_DATABASE_EXAMPLE}"
-            )
+            raise ValueError(f"{backend!r} is not a database batchwork runs on: use {_DATABASE_EXAMPLE}")
         if driver and driver not in drivers:
-            raise ValueError(f"{parsed.drivername}: the {backend} driver batchwork installs is {drivers[0]}")
+            raise ValueError(f"{scheme}: the {backend} driver batchwork installs is {drivers[0]}")
         return url
 
     @field_validator("batching", "model_options")
     @classmethod
     def _served_models_only(cls, blocks: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        served = list(_served(tuple(info.data.get("models") or [])))
-        # A "KIND:/dir" key is for the embedded run's --model KIND:/dir, which serves it in its own process.
-        unknown = [key for key in blocks if key not in served and not _names_a_checkpoint(key)]
-        if unknown and "models" in info.data:
+        if "models" not in info.data:  # refused already
+            return blocks
+        served = list(_served(tuple(info.data["models"])))
+        # A "KIND:/dir" name is served later by the embedded run that is given it (serve_checkpoint).
+        unknown = sorted(name for name in set(blocks) - set(served) if not _is_checkpoint(name))
+        if unknown:
             served_list = ", ".join(served)
             raise ValueError(
                 f"{unknown[0]!r} is not a model this deployment serves (BATCHWORK_MODELS: {served_list})"
@@ -270,13 +273,6 @@ class Settings(BaseSettings):
         return self.broker_url.startswith("memory://")
 
 
-def _names_a_checkpoint(key: str) -> bool:
-    try:
-        return parse_model_entry(key).kind is not None
-    except ValueError:
-        return False
-
-
 def _cache_home() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
@@ -285,6 +281,13 @@ def _cache_home() -> Path:
 def _served(models: tuple[str, ...]) -> dict[str, ModelSpec]:
     # Parsed once per list (model_copy may change it), read on every call that names a model.
     return {spec.name: spec for spec in map(parse_model_entry, models)}
+
+
+def _is_checkpoint(name: str) -> bool:
+    try:
+        return parse_model_entry(name).kind is not None
+    except ValueError:
+        return False
 
 
 def _check_redis_url(parts: SplitResult) -> None:
