@@ -6,20 +6,16 @@ Read once with :func:`get_settings` and passed down; no other module reads ``os.
 from __future__ import annotations
 
 import os
-import re
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.batching.policy import PRIORITIES
-from worker.models.registry import BUILTIN_MODELS, MAX_MODEL_NAME_CHARS, builtin_model_class
+from worker.models.registry import BUILTIN_MODELS, ModelSpec, builtin_model_class, parse_model_entry
 
 __all__ = ["PRIORITIES", "BatchingSettings", "LaneSettings", "Settings", "get_settings"]
-
-# A model is a built-in name or an import path: dotted module, one colon, a class name.
-_MODEL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 
 class LaneSettings(BaseModel):
@@ -96,8 +92,9 @@ class Settings(BaseSettings):
         default="auto", description="auto (CUDA when present, else CPU), cpu, cuda, cuda:1 ..."
     )
 
-    # The models this deployment serves: built-in names and "package.module:Class" paths. A message or call
-    # naming anything else is refused before any import, so no caller can make a worker import a module.
+    # The models this deployment serves: built-in names, "package.module:Class" paths and checkpoints of a
+    # model kind, "NAME=embed:/dir" (see worker/models/registry.py). A message or call naming anything else
+    # is refused before any import, so no caller can make a worker import a module.
     models: list[str] = Field(default_factory=lambda: sorted(BUILTIN_MODELS))
     # An item whose worker died this many times while running it (a segfault, os._exit, the OOM killer)
     # ends with an error instead of being delivered again, so one poison input cannot crash-loop a fleet.
@@ -167,22 +164,39 @@ class Settings(BaseSettings):
     @field_validator("models")
     @classmethod
     def _model_names(cls, models: list[str]) -> list[str]:
-        for name in models:
-            if len(name) > MAX_MODEL_NAME_CHARS:
-                raise ValueError(
-                    f"model names are at most {MAX_MODEL_NAME_CHARS} characters: {name[:40]!r}..."
-                )
-            if name not in BUILTIN_MODELS and not _MODEL_PATH.match(name):
-                raise ValueError(
-                    f"{name!r} is neither a built-in model ({', '.join(sorted(BUILTIN_MODELS))}) "
-                    "nor an import path 'package.module:ClassName'"
-                )
+        names: set[str] = set()
+        for entry in models:
+            name = parse_model_entry(entry).name
+            if name in names:
+                raise ValueError(f"model {name!r} is named twice")
+            names.add(name)
         return models
+
+    @property
+    def served(self) -> dict[str, ModelSpec]:
+        """The served models by the name callers use, in BATCHWORK_MODELS order."""
+        return _served(tuple(self.models))
+
+    def serve_checkpoint(self, entry: str) -> None:
+        """Serve a "KIND:/dir" entry in this process too: the embedded run's ``--model embed:/dir`` (the
+        user's own process and its own worker, so no deployment allow-list is widened)."""
+        try:
+            spec = parse_model_entry(entry)
+        except ValueError:
+            return  # not served, so the call is refused as an unknown model, in one line
+        if spec.kind is not None and spec.name not in self.served:
+            self.models.append(entry)
 
     @property
     def embedded(self) -> bool:
         """True when no broker is configured: `batchwork run` then starts a worker in its own process."""
         return self.broker_url.startswith("memory://")
+
+
+@cache
+def _served(models: tuple[str, ...]) -> dict[str, ModelSpec]:
+    # Parsed once per list (model_copy may change it), read on every call that names a model.
+    return {spec.name: spec for spec in map(parse_model_entry, models)}
 
 
 @lru_cache(maxsize=1)

@@ -22,7 +22,12 @@ app = typer.Typer(
 console = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 out_console = Console(highlight=False, emoji=False, soft_wrap=True)
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="model name or package.module:Class")]
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model", "-m", help="model name, package.module:Class, or KIND:/dir (embed, classify, generate)"
+    ),
+]
 PriorityOpt = Annotated[str, typer.Option("--priority", "-p", help=f"one of {', '.join(PRIORITIES)}")]
 OutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="results JSONL (default: stdout)")]
 

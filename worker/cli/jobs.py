@@ -48,6 +48,8 @@ def run(
     if output_path is not None and str(output_path) == "-":
         output_path = None
     check_output_path(output_path)
+    if settings.embedded:
+        settings.serve_checkpoint(model)
     client = make_client(settings)
     call = check_file(client, input_path, model, priority, settings.max_items_per_job)
     state = None

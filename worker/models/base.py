@@ -50,6 +50,11 @@ class Model:
     """
 
     name: ClassVar[str]
+    # What the model does, for surfaces that need a kind (the OpenAI endpoints): "embed" (a vector per
+    # item), "classify" (label and scores), "generate" (text); None for anything else.
+    kind: ClassVar[str | None] = None
+    # The local checkpoint directory of a model kind served as "NAME=KIND:/dir" (set by the registry).
+    checkpoint: ClassVar[str | None] = None
     # The shape of this model's BATCHWORK_MODEL_OPTIONS block; a model with options of its own subclasses it.
     Options: ClassVar[type[ModelOptions]] = ModelOptions
     max_batch_size: ClassVar[int] = 64

@@ -32,6 +32,7 @@ class MiniLM(Model):
     """all-MiniLM-L6-v2 sentence embeddings: 384 float32 numbers of unit norm per text."""
 
     name = "minilm"
+    kind = "embed"
     # bench/minilm_batch_curve.py on the 2-core CPU dev box: items/s peaks at N=16-32 (~140/s, vs ~96/s
     # at N=1) and falls beyond, as padding to the longest item grows; 32 keeps the peak on CPU and is
     # less wasteful on a GPU, where larger N keeps paying. Override per deployment with BATCHWORK_BATCHING.

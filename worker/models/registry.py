@@ -1,4 +1,5 @@
-"""Resolves a model name (a built-in like ``minilm``, or a user's ``"package.module:Class"``) to its class.
+"""Resolves a model name (a built-in like ``minilm``, a user's ``"package.module:Class"``, or a model kind
+over a local checkpoint, ``"NAME=embed:/dir"``) to its class.
 
 Only names in the deployment's allow-list (``BATCHWORK_MODELS``) are ever imported: anything else is refused
 before any import, so no caller can make a producer or a worker run a module's import-time code. It must
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
+from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -25,12 +28,64 @@ BUILTIN_MODELS: dict[str, str] = {
     "noop": "worker.models.noop:Noop",
     "simulated": "worker.models.simulated:Simulated",
 }
+# Model kinds over a local checkpoint directory: a BATCHWORK_MODELS entry "NAME=KIND:/dir" serves the
+# checkpoint in /dir under NAME; "KIND:/dir" alone serves it under that very string (the embedded run's
+# `--model embed:/dir`). Each kind's class reads its directory from its ``checkpoint`` class attribute.
+MODEL_KINDS: dict[str, str] = {
+    "embed": "worker.models.encoders:Embedder",
+    "classify": "worker.models.encoders:Classifier",
+    "generate": "worker.models.causal_lm:CausalLM",
+}
 # The longest model name a job row keeps (jobs.model); longer names are refused, never stored.
 MAX_MODEL_NAME_CHARS = 200
 
 
 class UnknownModel(InvalidInput):
     """A model name this deployment does not serve, or an allowed path that is not a Model subclass."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One entry of BATCHWORK_MODELS: the name callers use, the class it resolves to (an import path),
+    and for a model kind its checkpoint directory."""
+
+    name: str
+    target: str
+    kind: str | None = None
+    checkpoint: str | None = None
+
+
+def parse_model_entry(entry: str) -> ModelSpec:
+    """A BATCHWORK_MODELS entry as a ModelSpec; ValueError (one line) for anything else."""
+    spec = _parse_entry(entry)
+    if len(spec.name) > MAX_MODEL_NAME_CHARS:
+        raise ValueError(f"model names are at most {MAX_MODEL_NAME_CHARS} characters: {spec.name[:40]!r}...")
+    return spec
+
+
+def _parse_entry(entry: str) -> ModelSpec:
+    if entry in BUILTIN_MODELS:
+        return ModelSpec(entry, BUILTIN_MODELS[entry])
+    name, equals, rest = entry.partition("=")
+    spec = rest if equals else entry
+    kind, colon, directory = spec.partition(":")
+    if colon and kind in MODEL_KINDS:
+        if equals and not _NAME.match(name):
+            raise ValueError(f"{entry!r}: a model name is letters, digits and . _ - (before the '=')")
+        if not directory:
+            raise ValueError(f"{entry!r}: {kind}: needs a checkpoint directory, e.g. {kind}:/models/mine")
+        return ModelSpec(name if equals else entry, MODEL_KINDS[kind], kind, directory)
+    if not equals and _MODEL_PATH.match(entry):
+        return ModelSpec(entry, entry)
+    raise ValueError(
+        f"{entry!r} is neither a built-in model ({', '.join(sorted(BUILTIN_MODELS))}), an import path "
+        f"'package.module:ClassName', nor a checkpoint 'NAME=KIND:/dir' (kinds: {', '.join(MODEL_KINDS)})"
+    )
+
+
+# An import path: dotted module, one colon, a class name. A served name: no spaces, no '=' or ':'.
+_MODEL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+_NAME = re.compile(r"^[A-Za-z0-9_][\w.\-]*$")
 
 
 class ModelDescription(NamedTuple):
@@ -42,12 +97,21 @@ class ModelDescription(NamedTuple):
 
 def model_class(name: object, settings: Settings) -> type[Model]:
     """The class of a model this deployment serves; UnknownModel, with nothing imported, for any other."""
-    if not isinstance(name, str) or name not in settings.models:
+    spec = settings.served.get(name) if isinstance(name, str) else None
+    if spec is None:
         raise UnknownModel(
-            f"unknown model {shown(name)}: this deployment serves {', '.join(settings.models)} "
+            f"unknown model {shown(name)}: this deployment serves {', '.join(settings.served)} "
             "(BATCHWORK_MODELS lists them)"
         )
-    return _import_model(BUILTIN_MODELS.get(name, name))
+    return spec_class(spec)
+
+
+def spec_class(spec: ModelSpec) -> type[Model]:
+    """The class a served entry resolves to; for a model kind, a subclass named for the entry and bound to
+    its checkpoint directory (made once per entry)."""
+    if spec.kind is None:
+        return _import_model(spec.target)
+    return _kind_class(spec.target, spec.name, spec.kind, spec.checkpoint or "")
 
 
 def builtin_model_class(name: str) -> type[Model]:
@@ -58,7 +122,7 @@ def builtin_model_class(name: str) -> type[Model]:
 def served_models(settings: Settings) -> list[ModelDescription | UnknownModel]:
     """One row per served model, for ``batchwork models``; a model that cannot be imported is its error."""
     rows: list[ModelDescription | UnknownModel] = []
-    for name in settings.models:
+    for name in settings.served:
         try:
             rows.append(_description(name, model_class(name, settings)))
         except UnknownModel as exc:
@@ -76,6 +140,13 @@ def _description(name: str, cls: type[Model]) -> ModelDescription:
     doc = inspect.getdoc(cls) or ""
     first_line = doc.splitlines()[0] if doc else ""
     return ModelDescription(name, first_line, cls.max_batch_size, cls.max_wait_ms)
+
+
+@cache
+def _kind_class(target: str, name: str, kind: str, checkpoint: str) -> type[Model]:
+    base = _import_model(target)
+    attributes = {"name": name, "kind": kind, "checkpoint": checkpoint, "__module__": base.__module__}
+    return type(base.__name__, (base,), attributes)
 
 
 @cache

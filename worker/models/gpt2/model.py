@@ -53,6 +53,7 @@ class GPT2(StepModel):
     """GPT-2 text generation (greedy or seeded sampling), continuously batched over a paged KV cache."""
 
     name = "gpt2"
+    kind = "generate"
     Options = GPT2Options
     max_running = 32
     max_batch_size = 32
