@@ -120,7 +120,7 @@ class _Run:
         job = JobRun(self.client, self.call, self.path, self.out, self.state, self.interrupts)
         if previous is not None:
             job.resume_from(written, previous.published, embedded)
-        self._follow(job)
+        self._follow(job, self.call.total - written)
 
     def _resumable(self, job_id: str) -> bool:
         try:
@@ -129,7 +129,8 @@ class _Run:
             return False
         return status.total == self.call.total and status.state not in ("cancelled", "failed", "lost")
 
-    def _follow(self, job: JobRun) -> None:
+    def _follow(self, job: JobRun, items: int) -> None:
+        """Run the job to its end; ``items``: how many lines this run writes (fewer when it continues)."""
         started = time.monotonic()
         console.print(Text(f"job {self.call.job_id}: {self.call.total} items on {self.call.model}"))
         status = job.run()
@@ -143,7 +144,7 @@ class _Run:
         console.print(
             Text(
                 f"{status.state}: {status.done} done, {status.failed} failed in {elapsed:.2f} s "
-                f"({self.call.total / elapsed:,.0f} items/s)"
+                f"({items / elapsed:,.0f} items/s)"
             )
         )
         _print_errors(status, console)
