@@ -359,3 +359,40 @@ def test_batchwork_models_lists_kind_and_path(tmp_path: Path, good: Path) -> Non
     line = next(line for line in done.stdout.splitlines() if "mine" in line)
     assert "classify" in line and str(good) in line
     assert "embed" in next(line for line in done.stdout.splitlines() if "minilm" in line)
+
+
+@pytest.mark.timeout(900)  # two whole `batchwork tune` processes
+def test_tune_sweeps_backends_and_applies_one_that_meets_min_cosine(
+    root: Path, tmp_path: Path, embed_dirs: dict[Any, Path]
+) -> None:
+    directory = embed_dirs[("bert", "st6", "mean", True)]
+    env = {
+        "BATCHWORK_MODELS": json.dumps([f"e=embed:{directory}"]),
+        "BATCHWORK_DATABASE_URL": f"sqlite:///{tmp_path / 'tuned.db'}",
+        "BATCHWORK_ONNX_CACHE_DIR": str(root / "onnx"),
+    }
+    flags = ["--backends", "torch,onnx", "--precisions", "fp32,int8", "--lengths", "16", "--max-n", "2"]
+    # A generous bound: on a loaded shared machine one slow run is a small batch's p99.
+    flags += ["--point-s", "0.05", "--max-batch-ms", "10000", "--json"]
+    refused = batchwork("tune", "e", *flags, "--apply", "--min-cosine", "1.5", **env)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().endswith("no backend and precision met --min-cosine 1.5; nothing stored")
+    done = batchwork("tune", "e", *flags, "--apply", **env)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    pairs = {(row["backend"], row["precision"]): row for row in result["backends"]}
+    assert set(pairs) == {("torch", "fp32"), ("torch", "int8"), ("onnx", "fp32"), ("onnx", "int8")}
+    assert pairs[("torch", "fp32")]["min_cosine"] == 1.0
+    assert pairs[("onnx", "fp32")]["min_cosine"] >= 0.99999
+    assert all(row["items_per_s"] > 0 for row in pairs.values())
+    chosen = pairs[(result["backend"], result["precision"])]
+    assert chosen["min_cosine"] >= 0.9999
+    # Under backend auto, a worker of this device kind now loads the stored choice.
+    settings = Settings(
+        models=[f"e=embed:{directory}"],
+        database_url=env["BATCHWORK_DATABASE_URL"],
+        onnx_cache_dir=root / "onnx",
+    )
+    model = model_class("e", settings)(settings)
+    model.load("cpu")
+    assert (model.backend, model.precision) == (result["backend"], result["precision"])

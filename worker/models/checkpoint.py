@@ -82,7 +82,7 @@ def check_hf_model(model_dir: Path, label: str, *, classifier: bool) -> dict[str
             f"{label}: config.json needs remote code (auto_map); batchwork never runs code from a checkpoint"
         )
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or model_type not in _known_model_types():
+    if not isinstance(model_type, str) or not _known_model_type(model_type):
         raise CheckpointError(
             f"{label}: config.json model_type {model_type!r} is not one transformers knows "
             "(a model that needs remote code is not served)"
@@ -218,11 +218,20 @@ def _sentence_config(transformer: Path, label: str) -> tuple[int | None, bool]:
     return None, False
 
 
-def _known_model_types() -> frozenset[str]:
-    # A plain mapping module: far lighter than importing transformers itself.
+def _known_model_type(model_type: str) -> bool:
+    """Whether transformers' AutoConfig knows ``model_type``. Most types have a folder of their own under
+    transformers/models, found without importing anything (importing the mapping imports torch, which a
+    settings check must not wait for); any other name is looked up in the mapping itself."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformers")  # the package's folder; nothing is imported
+    if spec is not None and spec.origin is not None:
+        folder = Path(spec.origin).parent / "models" / model_type.replace("-", "_")
+        if (folder / "__init__.py").is_file():
+            return True
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    return frozenset(CONFIG_MAPPING_NAMES)
+    return model_type in CONFIG_MAPPING_NAMES
 
 
 def _first_line(exc: BaseException) -> str:
