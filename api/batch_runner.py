@@ -22,19 +22,25 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import Text, cast, select
+
 from api.backend import Backend
 from worker.calls import InferCall
 from worker.models.registry import model_class
 from worker.openai_compat.batchfile import BatchPlan, answer_lines, plan_batch
+from worker.openai_compat.responses import RawJson
 from worker.openai_compat.tokens import count_tokens, detokenize
+from worker.store import tables
 from worker.store.files import BatchStore, FileRecord, FileStore, utcnow
 from worker.store.values import FINISHED_STATES
 
 log = logging.getLogger("batchwork.api.batches")
 
 LEASE_S = 20.0  # a step not renewed for this long is taken over by another process
-POLL_S = 0.2  # how often each API process looks for batches to advance
+POLL_S = 0.05  # how often each API process looks for batches to advance (a query per batch and job)
 BATCH_PRIORITY = "bulk"  # an OpenAI batch is overnight work: it rides the bulk lane
+KEPT_PLANS = 4  # batches whose validated plan this process keeps for their finalizing step
+RESULTS_PAGE = 5000  # result rows read per query while writing the output file
 _JOB_IDS = uuid.UUID("4b0f7a4e-9b1f-4f55-8b1e-6e0f1c8d2a77")
 _FILE_IDS = uuid.UUID("0c7f5e2a-1d3b-4a8e-b6f4-2f9d8e7c6b51")
 
@@ -59,6 +65,9 @@ class BatchRunner:
         self.files = files
         self.batches = batches
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:64]
+        # The plan each batch was validated with, kept for its finalizing step in this process (one that
+        # takes over a batch reads its file again).
+        self._plans: dict[str, BatchPlan] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -110,11 +119,11 @@ class BatchRunner:
 
     # -- validating -------------------------------------------------------------------------------
 
-    def plan(self, row: dict[str, Any]) -> BatchPlan | None:
+    def plan(self, row: dict[str, Any], check: bool = True) -> BatchPlan | None:
         if self.files.get(row["input_file_id"], [row["tenant"]]) is None:
             return None
         lines = self.files.lines(row["input_file_id"])
-        return plan_batch(lines, row["endpoint"], self.served.settings, detokenize)
+        return plan_batch(lines, row["endpoint"], self.served.settings, detokenize, check)
 
     def _validate(self, row: dict[str, Any]) -> None:
         batch_id = row["id"]
@@ -127,6 +136,9 @@ class BatchRunner:
             self._fail(row, [error.as_dict() for error in plan.errors])
             return
         jobs = {model: job_id_for(batch_id, model) for model in plan.items}
+        while len(self._plans) >= KEPT_PLANS:
+            self._plans.pop(next(iter(self._plans)))
+        self._plans[batch_id] = plan
         total_items = sum(len(items) for items in plan.items.values())
         if not self.batches.advance(
             batch_id, self.owner, ("validating",), jobs=jobs, total=len(plan.lines), total_items=total_items
@@ -189,8 +201,9 @@ class BatchRunner:
         if cancelling:
             for job_id in (row["jobs"] or {}).values():
                 self.served.store.cancel(job_id)
-        plan = self.plan(row) if row["jobs"] else BatchPlan()
-        plan = plan or BatchPlan()
+        plan = self._plans.pop(batch_id, None)
+        if plan is None:
+            plan = (self.plan(row, check=False) if row["jobs"] else None) or BatchPlan()
         expired = utcnow() > row["expires_at"]
         missing = "cancelled" if cancelling else "expired" if expired else "no result was stored"
         outcomes = {model: self._outcomes(job_id) for model, job_id in (row["jobs"] or {}).items()}
@@ -246,8 +259,23 @@ class BatchRunner:
                 self.files.drop_bytes(writer.file_id)
 
     def _outcomes(self, job_id: str) -> Iterator[tuple[int, Any, str | None]]:
-        for outcome in self.served.store.results(job_id):
-            yield outcome.index, outcome.output, outcome.error
+        """The job's stored outcomes in index order, outputs as their JSON text (RawJson), a page a query."""
+        column = tables.results.c
+        query = (
+            select(column.item_index, cast(column.output, Text), column.error)
+            .where(column.job_id == job_id)
+            .order_by(column.item_index)
+            .limit(RESULTS_PAGE)
+        )
+        after = -1
+        while True:
+            with self.files.engine.connect() as conn:
+                page = conn.execute(query.where(column.item_index > after)).all()
+            for index, output, error in page:
+                yield index, None if output is None else RawJson(output), error
+            if len(page) < RESULTS_PAGE:
+                return
+            after = page[-1][0]
 
     def _counter(self, model: str, texts: list[str]) -> list[int]:
         return count_tokens(model_class(model, self.served.settings), texts)

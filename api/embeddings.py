@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from worker.store import tables
 from worker.store.results import ResultStore
 
-POLL_S = 0.002  # between reads while some request waits (each read is one indexed query)
+POLL_S = 0.005  # between reads while some request waits (each read is one indexed query)
 _RESULT = tables.results.c
 
 Outcome = tuple[Any, str | None]  # (output, error) of one item

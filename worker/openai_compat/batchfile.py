@@ -75,18 +75,20 @@ def plan_batch(
     endpoint: str | None,
     settings: Settings,
     detokenize: Detokenizer | None = None,
+    check: bool = True,
 ) -> BatchPlan:
     """Every non-blank line of a batch file, checked. ``endpoint`` is the batch's (each line's ``url`` must
     name it); None takes each line's own ``url`` (``batchwork run``). Items are kept only while no line has
     failed: a plan with errors is only reported, never run."""
     plan = BatchPlan()
     seen: set[str] = set()
+    classes: dict[tuple[str, str], Any] = {}
     number = 0
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
-            line = _line(number, raw, endpoint, seen, settings, detokenize)
+            line = _line(number, raw, endpoint, seen, settings, detokenize, check, classes)
         except _Refused as refused:
             plan.error_count += 1
             if len(plan.errors) < MAX_REPORTED_ERRORS:
@@ -127,6 +129,8 @@ def _line(
     seen: set[str],
     settings: Settings,
     detokenize: Detokenizer | None,
+    check: bool,
+    classes: dict[tuple[str, str], Any],
 ) -> BatchLine:
     def refuse(code: str, message: str, param: str | None = None) -> _Refused:
         return _Refused(LineError(code, message, number, param))
@@ -146,7 +150,7 @@ def _line(
     if endpoint is not None and url != endpoint:
         raise refuse("mismatched_url", f"url {url} is not the batch's endpoint {endpoint}", "url")
     try:
-        request = parse_request(str(url), line.get("body"), settings, detokenize)
+        request = parse_request(str(url), line.get("body"), settings, detokenize, check, classes)
     except RequestError as exc:
         param = f"body.{exc.param}" if exc.param else "body"
         raise refuse(exc.code, f"{exc.message}", param) from None
@@ -182,8 +186,13 @@ Outcomes = Iterator[tuple[int, Any, str | None]]
 Counter = Callable[[str, list[str]], list[int]]
 
 
-def request_id(batch_id: str, custom_id: str) -> str:
-    return uuid.uuid5(_REQUEST_IDS, f"{batch_id}\0{custom_id}").hex
+def request_id(batch_key: str, line: int) -> str:
+    """A request's id: its batch's (hashed) and its line, 32 hex digits like OpenAI's."""
+    return f"{batch_key}{line:012x}"
+
+
+def batch_key(batch_id: str) -> str:
+    return uuid.uuid5(_REQUEST_IDS, batch_id).hex[:20]
 
 
 def answer_lines(
@@ -196,12 +205,13 @@ def answer_lines(
     """Every line of ``plan`` answered in input order from its model's ``outcomes``; an item with no stored
     outcome fails with ``missing`` (e.g. ``cancelled`` or ``expired: ...``)."""
     cursors = {model: _Cursor(outcomes.get(model, iter(()))) for model in plan.items}
+    key = batch_key(batch_id)
     lines = iter(plan.lines)
     while chunk := list(islice(lines, ANSWER_CHUNK_LINES)):
         results = [cursors[line.request.model].take(len(line.request.items), missing) for line in chunk]
         tokens = _count_chunk(chunk, count_tokens)
         for line, (outputs, error) in zip(chunk, results, strict=True):
-            yield _answer(batch_id, line, outputs, error, tokens.get(line.number))
+            yield _answer(key, line, outputs, error, tokens.get(line.number))
 
 
 def _count_chunk(chunk: list[BatchLine], count_tokens: Counter | None) -> dict[int, int]:
@@ -246,10 +256,8 @@ class _Cursor:
         return outputs, first_error
 
 
-def _answer(
-    batch_id: str, line: BatchLine, outputs: list[Any], error: str | None, tokens: int | None
-) -> Answer:
-    rid = request_id(batch_id, line.custom_id)
+def _answer(key: str, line: BatchLine, outputs: list[Any], error: str | None, tokens: int | None) -> Answer:
+    rid = request_id(key, line.number)
     if error is None:
         try:
             body = response_body(line.request, outputs, rid, None if tokens is None else lambda _: [tokens])

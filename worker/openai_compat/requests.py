@@ -41,6 +41,8 @@ FIELDS = {
     CHAT: (*_COMMON, *_SAMPLING, "messages", "max_tokens", "max_completion_tokens"),
 }
 
+_ALLOWED = {endpoint: frozenset(names) for endpoint, names in FIELDS.items()}
+
 # Detokenizes a token array for a model (None: the model has no tokenizer batchwork can read).
 Detokenizer = Callable[[type[Model], list[int]], str | None]
 
@@ -73,23 +75,43 @@ def serves_endpoint(cls: type[Model], endpoint: str) -> bool:
 
 
 def parse_request(
-    endpoint: str, body: object, settings: Settings, detokenize: Detokenizer | None = None
+    endpoint: str,
+    body: object,
+    settings: Settings,
+    detokenize: Detokenizer | None = None,
+    check: bool = True,
+    classes: dict[tuple[str, str], type[Model]] | None = None,
 ) -> Request:
-    """The request ``body`` of ``endpoint`` as checked items of its model; RequestError otherwise."""
+    """The request ``body`` of ``endpoint`` as checked items of its model; RequestError otherwise.
+    ``check=False`` skips the model's own check of each item (a file read again after it passed)."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object", "body")
-    unknown = sorted(str(name) for name in body if name not in FIELDS[endpoint])
-    if unknown:
+    if not body.keys() <= _ALLOWED[endpoint]:
+        unknown = sorted(str(name) for name in body if name not in _ALLOWED[endpoint])
         raise RequestError(f"unsupported field {shown(unknown[0], 60)} for {endpoint}", unknown[0])
-    cls = _model(body.get("model"), endpoint, settings)
-    _only_default(body, "n", 1, "only n=1 is served")
-    _only_default(body, "stream", False, "streaming is not served here")
+    cls = _cached_model(body.get("model"), endpoint, settings, classes)
+    if "n" in body or "stream" in body:
+        _only_default(body, "n", 1, "only n=1 is served")
+        _only_default(body, "stream", False, "streaming is not served here")
     if endpoint == EMBEDDINGS:
         request = _embeddings(body, cls, detokenize)
     else:
         request = _generation(endpoint, body, cls)
-    _check_items(cls, request.items, settings)
+    if check:
+        _check_items(cls, request.items, settings)
     return request
+
+
+def _cached_model(
+    name: object, endpoint: str, settings: Settings, classes: dict[tuple[str, str], type[Model]] | None
+) -> type[Model]:
+    """``_model``, remembered in ``classes`` (one batch file's lines name few models, many times)."""
+    if classes is None or not isinstance(name, str):
+        return _model(name, endpoint, settings)
+    cls = classes.get((name, endpoint))
+    if cls is None:
+        cls = classes[(name, endpoint)] = _model(name, endpoint, settings)
+    return cls
 
 
 def _model(name: object, endpoint: str, settings: Settings) -> type[Model]:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 
 from worker.openai_compat.requests import CHAT, EMBEDDINGS, Request
 
@@ -21,6 +22,23 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
 # Counts the tokens of texts for ``usage`` (None: unknown, counted as 0).
 TokenCounter = Callable[[list[str]], list[int]] | None
+
+
+class RawJson:
+    """A stored output still as its JSON text: a float embedding goes into the answer as it is, never decoded
+    and encoded again (the largest cost of a batch's output file)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str | bytes) -> None:
+        self.text = text
+
+    def value(self) -> Any:
+        return orjson.loads(self.text)
+
+
+def decoded(output: Any) -> Any:
+    return output.value() if isinstance(output, RawJson) else output
 
 
 class OutputError(ValueError):
@@ -50,7 +68,17 @@ def embeddings_body(request: Request, outputs: Sequence[Any], count_tokens: Toke
     }
 
 
-def encode_vector(request: Request, output: Any) -> list[float] | str:
+def encode_vector(request: Request, output: Any) -> Any:
+    if isinstance(output, RawJson):
+        if (
+            request.encoding_format == "float"
+            and request.dimensions is None
+            and output.text not in ("0", b"0")
+        ):
+            return orjson.Fragment(output.text)
+        output = output.value()
+    if request.encoding_format == "float" and request.dimensions is None and isinstance(output, list):
+        return output
     vector = np.asarray([0.0] if output == 0 else output, dtype=np.float32).reshape(-1)
     if request.dimensions is not None:
         if request.dimensions > vector.size:
@@ -68,7 +96,7 @@ def completion_body(request: Request, outputs: Sequence[Any], response_id: str) 
     choices = []
     prompt_tokens = completion_tokens = 0
     for index, output in enumerate(outputs):
-        text, tokens, finish, prompt = _generated(output)
+        text, tokens, finish, prompt = _generated(decoded(output))
         prompt_tokens += prompt
         completion_tokens += tokens
         if request.endpoint == CHAT:

@@ -71,8 +71,13 @@ class FileStore:
         conn.execute(insert(tables.files), [_file_row(record)])
 
     def create(self, record: FileRecord, pieces: Iterable[bytes]) -> FileRecord:
-        """Write the bytes, then list the file (its ``bytes`` as counted)."""
-        size = self.write_bytes(record.id, pieces)
+        """Write the bytes, then list the file (its ``bytes`` as counted); an upload that breaks off (or is
+        refused part way) leaves no chunks behind."""
+        try:
+            size = self.write_bytes(record.id, pieces)
+        except BaseException:
+            self.drop_bytes(record.id)
+            raise
         stored = FileRecord(
             record.id, record.tenant, record.filename, record.purpose, size, record.created_at
         )

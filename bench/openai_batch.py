@@ -1,0 +1,243 @@
+"""The OpenAI-compatible surface against batchwork's own client, side by side in one run on real Redis +
+PostgreSQL, one `batchwork worker` and one `batchwork api`:
+
+1. batch: an embeddings batch file of N lines, one input each, through the official `openai` client
+   (``files.create`` -> ``batches.create`` -> ``batches.retrieve`` every 0.1 s -> ``files.content`` of the
+   output, every line parsed) vs the same inputs through ``client.submit`` -> ``client.wait`` (0.1 s) ->
+   every ``client.results`` row read. End to end, alternating, medians; for noop and MiniLM.
+2. embeddings: ``POST /v1/embeddings`` from C concurrent clients of one input each (MiniLM): requests/s,
+   p50/p99 latency, and the mean size of the device batches the worker formed on the ``high`` lane.
+
+Prints tables, never asserts; cleans up its Redis database, PostgreSQL schema and processes. From the
+repository root: ``python -m bench.openai_batch [--items 50000] [--minilm-items 50000] [--repeats 2]
+[--clients 32] [--requests 40]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import io
+import os
+import re
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from bench import processes
+from bench.api import print_table
+from bench.processes import WorkerProcess, python_module
+from bench.services import postgres_schema, redis_database
+
+UVICORN_READY = re.compile(r"Uvicorn running on")
+POLL_S = 0.1
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--items", type=int, default=50_000, help="lines of the noop batch")
+    parser.add_argument(
+        "--minilm-items", type=int, default=50_000, help="lines of the MiniLM batch (0: skip)"
+    )
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each path, alternating")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent POST /v1/embeddings clients")
+    parser.add_argument("--requests", type=int, default=40, help="requests per client")
+    parser.add_argument(
+        "--high-lane-n", type=int, default=32, help="minilm's high-lane N (0: the default, N/8 = 4)"
+    )
+    parser.add_argument("--port", type=int, default=8766)
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379")
+    parser.add_argument("--redis-db", type=int, default=12)
+    parser.add_argument("--postgres-url", default="postgresql+psycopg://root@127.0.0.1:5432/test")
+    return parser.parse_args(argv)
+
+
+def texts(count: int) -> list[str]:
+    return [f"document number {i} about batch inference on many machines" for i in range(count)]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    with (
+        redis_database(args.redis_url, args.redis_db, "bench-openai") as (broker, broker_url),
+        postgres_schema(args.postgres_url, "bench") as (_admin, _schema, database_url),
+    ):
+        for name in [k for k in os.environ if k.startswith("BATCHWORK_")]:
+            del os.environ[name]
+        os.environ.update(BATCHWORK_BROKER_URL=broker_url, BATCHWORK_DATABASE_URL=database_url)
+        from worker.store.schema import migrate
+
+        migrate(database_url)
+        env = processes.service_env(broker_url, database_url)
+        env.update(BATCHWORK_API_MAX_QUEUE_DEPTH=str(10**6), BATCHWORK_METRICS_PORT="0")
+        if args.high_lane_n:  # an embeddings server's setting: the high lane's batches as large as normal's
+            lanes = {"lanes": {"high": {"max_batch_size": args.high_lane_n}}}
+            env.update(BATCHWORK_BATCHING=orjson.dumps({"minilm": lanes}).decode())
+        worker = WorkerProcess(python_module("worker.cli", "worker", "--loglevel=INFO"), env, "worker")
+        api = WorkerProcess(
+            python_module("worker.cli", "api", "--port", str(args.port)), env, "api", UVICORN_READY
+        )
+        try:
+            worker.wait_ready()
+            api.wait_ready()
+            key = _key(database_url)
+            url = f"http://127.0.0.1:{args.port}"
+            print("\n1. an embeddings batch end to end: /v1/files + /v1/batches vs client.submit + results")
+            rows = [batch_section(args, url, key, "noop", args.items)]
+            if args.minilm_items:
+                rows.append(batch_section(args, url, key, "minilm", args.minilm_items))
+            print_table(("model", "lines", "batch s (runs)", "submit s (runs)", "batch / submit speed"), rows)
+            embeddings_section(args, key, database_url)
+            for process in (worker, api):
+                for line in process.problems()[:10]:
+                    print(f"  {process.name}: {line}")
+        finally:
+            processes.stop_all()
+            broker.flushdb()
+            sys.modules["worker.store.results"].ResultStore.for_url(database_url).close()
+
+
+def _key(database_url: str) -> str:
+    from worker.store.keys import KeyStore
+    from worker.store.results import ResultStore
+
+    return KeyStore(ResultStore.for_url(database_url).engine).create("bench")[1]
+
+
+def batch_section(args: argparse.Namespace, url: str, key: str, model: str, count: int) -> tuple[Any, ...]:
+    import openai
+
+    from worker.client import Client
+
+    inputs = texts(count)
+    lines = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": model, "input": text},
+        }
+        for i, text in enumerate(inputs)
+    ]
+    body = b"".join(orjson.dumps(line) + b"\n" for line in lines)
+    oai = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600)
+    client = Client()
+    seconds: dict[str, list[float]] = {"batch": [], "submit": []}
+    for _ in range(args.repeats):
+        seconds["submit"].append(_submit_path(client, model, inputs))
+        seconds["batch"].append(_batch_path(oai, body, count))
+    batch, submit = statistics.median(seconds["batch"]), statistics.median(seconds["submit"])
+    runs = {name: " ".join(f"{value:.1f}" for value in values) for name, values in seconds.items()}
+    return model, f"{count:,}", runs["batch"], runs["submit"], f"{submit / batch:.2f}x (target >= 0.8x)"
+
+
+def _submit_path(client: Any, model: str, inputs: list[str]) -> float:
+    started = time.perf_counter()
+    job_id = client.submit(model, inputs)
+    client.wait(job_id, timeout_s=3600, poll_s=POLL_S)
+    read = sum(1 for _ in client.results(job_id))
+    elapsed = time.perf_counter() - started
+    if read != len(inputs):
+        raise RuntimeError(f"client.results gave {read} rows of {len(inputs)}")
+    return elapsed
+
+
+def _batch_path(oai: Any, body: bytes, count: int) -> float:
+    started = time.perf_counter()
+    file_id = oai.files.create(file=("bench.jsonl", io.BytesIO(body)), purpose="batch").id
+    uploaded = time.perf_counter()
+    batch = oai.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
+    seen = {"uploaded": uploaded - started}
+    while batch.status not in ("completed", "failed", "expired", "cancelled"):
+        time.sleep(POLL_S)
+        batch = oai.batches.retrieve(batch.id)
+        seen.setdefault(batch.status, time.perf_counter() - started)
+    if batch.status != "completed" or batch.output_file_id is None:
+        raise RuntimeError(f"the batch ended {batch.status}: {batch.errors}")
+    content = oai.files.content(batch.output_file_id).content
+    read = sum(1 for line in content.splitlines() if orjson.loads(line)["response"]["status_code"] == 200)
+    elapsed = time.perf_counter() - started
+    if read != count:
+        raise RuntimeError(f"the output held {read} answered lines of {count}")
+    phases = ", ".join(f"{name} {at:.1f}" for name, at in seen.items())
+    print(f"  batch of {count:,}: first seen (s from the start): {phases}, downloaded {elapsed:.1f}")
+    return elapsed
+
+
+def embeddings_section(args: argparse.Namespace, key: str, database_url: str) -> None:
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    start = threading.Barrier(args.clients + 1)
+
+    warm = http.client.HTTPConnection("127.0.0.1", args.port, timeout=120)  # MiniLM loads on the first
+    warm.request("POST", "/v1/embeddings", body=b'{"model": "minilm", "input": "warm up"}', headers=headers)
+    warm.getresponse().read()
+    warm.close()
+
+    def one_client(number: int) -> list[float]:
+        start.wait()
+        connection = http.client.HTTPConnection("127.0.0.1", args.port, timeout=120)
+        spent = []
+        for i in range(args.requests):
+            text = f"client {number} asks for request {i} about batching"
+            body = orjson.dumps({"model": "minilm", "input": text, "encoding_format": "float"})
+            began = time.perf_counter()
+            connection.request("POST", "/v1/embeddings", body=body, headers=headers)
+            answer = connection.getresponse()
+            data = answer.read()
+            spent.append(time.perf_counter() - began)
+            if answer.status != 200:
+                raise RuntimeError(f"embeddings answered {answer.status}: {data[:200]!r}")
+        connection.close()
+        return spent
+
+    with ThreadPoolExecutor(args.clients) as pool:
+        futures = [pool.submit(one_client, number) for number in range(args.clients)]
+        start.wait()
+        since = datetime.now(UTC)
+        began = time.perf_counter()
+        latencies = sorted(latency for future in futures for latency in future.result())
+        wall = time.perf_counter() - began
+    sizes = _batch_sizes(database_url, since)
+    print(f"\n2. POST /v1/embeddings (MiniLM), {args.clients} concurrent clients of one input each")
+    row = (
+        len(latencies),
+        f"{len(latencies) / wall:,.1f}",
+        f"{_percentile(latencies, 50) * 1000:.0f}",
+        f"{_percentile(latencies, 99) * 1000:.0f}",
+        len(sizes),
+        f"{statistics.mean(sizes):.1f}" if sizes else "-",
+        max(sizes) if sizes else "-",
+    )
+    headers_row = ("requests", "requests/s", "p50 ms", "p99 ms", "device batches", "mean batch size", "max")
+    print_table(headers_row, [row])
+
+
+def _batch_sizes(database_url: str, since: datetime) -> list[int]:
+    from sqlalchemy import select
+
+    from worker.store import tables
+    from worker.store.results import ResultStore
+
+    column = tables.batches.c
+    query = select(column.size).where(
+        column.model == "minilm", column.lane == "high", column.started_at >= since
+    )
+    with ResultStore.for_url(database_url).engine.connect() as conn:
+        return list(conn.scalars(query))
+
+
+def _percentile(ordered: list[float], percent: float) -> float:
+    return ordered[min(len(ordered) - 1, round(percent / 100 * (len(ordered) - 1)))]
+
+
+if __name__ == "__main__":
+    main()
