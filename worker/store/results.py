@@ -24,6 +24,7 @@ from worker.store.values import (
     UNFINISHED_STATES,
     BatchRecord,
     BatchWrite,
+    ItemColumns,
     ItemOutcome,
     JobSpec,
     JobStatus,
@@ -166,31 +167,34 @@ class ResultStore:
     def write_batches(self, batches: Sequence[BatchWrite]) -> Stored:
         """Several batches as in ``write_batch``, in ONE transaction (small batches pay one commit)."""
         specs: dict[str, JobSpec] = {}
+        columns: list[ItemColumns] = []
         for _, outcomes, jobs in batches:
             mine = {spec.job_id: spec for spec in jobs}
-            rows.check_specs(outcomes, mine)
+            given = outcomes if isinstance(outcomes, ItemColumns) else ItemColumns.of(outcomes)
+            rows.check_specs(given, mine)
             specs.update(mine)
+            columns.append(given)
         now = _utcnow()
         counts: list[int] = []
-        inserted_all: list[bulk.Row[str, str | None]] = []
+        inserted_all: bulk.Inserted = []
+        finals: list[TokenCount] = []
         with self.engine.begin() as conn:
             new_jobs = bulk.insert_jobs(conn, [rows.job_row(specs[job_id], now) for job_id in sorted(specs)])
             refused = queries.disagreeing(conn, [specs[j] for j in specs if j not in new_jobs])
-            for record, outcomes, _ in batches:
-                kept = [o for o in outcomes if o.job_id not in refused] if refused else outcomes
+            for (record, _, _), given in zip(batches, columns, strict=True):
+                kept = rows.item_rows(_without_jobs(given, refused) if refused else given)
                 batch_id = (
                     None if record is None else conn.execute(_INSERT_BATCH, asdict(record)).scalar_one()
                 )
-                inserted = bulk.insert_results(conn, rows.item_rows(kept), batch_id, now)
-                counts.append(len(inserted))
+                inserted = bulk.insert_results(conn, kept, batch_id, now)
+                counts.append(sum(done + failed for _, done, failed in inserted))
                 inserted_all.extend(inserted)
+                finals += _token_counts(kept)
             progress = rows.progress_by_job(inserted_all, now)
             if len(progress) > 1 and conn.dialect.name == "postgresql":
                 conn.execute(rows.PROGRESS_OF_MANY, {"progress": progress, "now": now})
             elif progress:
                 conn.execute(rows.PROGRESS, progress)
-            finals = [o for _, outcomes, _ in batches for o in outcomes if o.tokens is not None]
-            finals = [o for o in finals if o.job_id not in refused]
             bulk.upsert_generated_tokens(conn, rows.token_rows(finals, final=True, now=now))
         return Stored(counts, frozenset(new_jobs), frozenset(refused))
 
@@ -291,6 +295,19 @@ class ResultStore:
 
                 migrate(self.url)
         self._schema_checked = True
+
+
+def _without_jobs(columns: ItemColumns, jobs: Collection[str]) -> ItemColumns:
+    """The rows of ``columns`` not of ``jobs``."""
+    return ItemColumns.of([o for o in columns.outcomes() if o.job_id not in jobs])
+
+
+def _token_counts(columns: ItemColumns) -> list[TokenCount]:
+    """The final token counts these rows carry (generating models)."""
+    if columns.tokens is None:
+        return []
+    rows = zip(columns.job_ids, columns.indices, columns.tokens, strict=True)
+    return [TokenCount(job_id, index, tokens) for job_id, index, tokens in rows if tokens is not None]
 
 
 def _utcnow() -> datetime:
