@@ -80,7 +80,10 @@ class Bucket:
         longest = max((item.length for item in batch), default=0)
         if len(self.jobs) == 1:  # one job: its turns are all its own, so take its items as one run
             self._take_run(batch, longest, policy)
-            return
+        else:
+            self._take_turns(batch, longest, policy)
+
+    def _take_turns(self, batch: list[Item], longest: int, policy: LanePolicy) -> None:
         while self.size and len(batch) < policy.max_batch_size:
             served: list[str] = []
             for job_id in self._turns(len(batch), policy.max_batch_size):
