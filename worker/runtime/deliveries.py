@@ -69,21 +69,29 @@ class Pack:
     item_ids: list[str | None] | None  # None: no item has an id of its own
     suspect: bool = False
     isolated: frozenset[int] = frozenset()  # positions
+    where: dict[int, int] | None = None  # job index -> position, for a message with indices of its own
+
+    def position(self, index: int) -> int:
+        return index - self.offset if self.where is None else self.where[index]
 
     def payload(self, index: int) -> Any:
-        return self.payloads[index - self.offset]
+        return self.payloads[self.position(index)]
 
     def item_id(self, index: int) -> str | None:
-        return None if self.item_ids is None else self.item_ids[index - self.offset]
+        return None if self.item_ids is None else self.item_ids[self.position(index)]
 
     def ids_of(self, indices: list[int]) -> list[str | None]:
         if self.item_ids is None:
             return [None] * len(indices)
-        ids, offset = self.item_ids, self.offset
-        return [ids[index - offset] for index in indices]
+        ids = self.item_ids
+        if self.where is None:
+            offset = self.offset
+            return [ids[index - offset] for index in indices]
+        where = self.where
+        return [ids[where[index]] for index in indices]
 
     def alone(self, index: int) -> bool:
-        return bool(self.isolated) and index - self.offset in self.isolated
+        return bool(self.isolated) and self.position(index) in self.isolated
 
 
 # The store thread's work: one of these three per hand-over.

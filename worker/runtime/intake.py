@@ -126,12 +126,12 @@ class Intake:
         everything = list(range(len(call.inputs)))
         if not delivery.lost or self.journal is None:
             return everything, set()
-        deaths = self.journal.deaths(call.job_id, [call.offset + p for p in everything])
+        deaths = self.journal.deaths(call.job_id, [call.index(p) for p in everything])
         limit = self.settings.max_deliveries
         spent = [p for p, count in zip(everything, deaths, strict=True) if count >= limit - 1]
         for position in spent:
             error = DEATHS_ERROR.format(deaths=deaths[position] + 1, limit=limit)
-            log.error("job %s item %d: %s", call.job_id, call.offset + position, error)
+            log.error("job %s item %d: %s", call.job_id, call.index(position), error)
             self._fail(delivery, [position], error)
         # Alone once it has seen a death, or when its next death would be its last: a crash then names it.
         alone = {
@@ -149,9 +149,15 @@ class Intake:
         call = delivery.call
         assert call is not None
         valid, checked, ids, errors = [], [], [], Outcomes()
-        cls, settings, offset, inputs = type(model), self.settings, call.offset, call.inputs
+        cls, settings, offset, inputs, indices = (
+            type(model),
+            self.settings,
+            call.offset,
+            call.inputs,
+            call.indices,
+        )
         for position in positions:
-            index, raw = offset + position, inputs[position]
+            index, raw = offset + position if indices is None else indices[position], inputs[position]
             try:
                 ready, ident = check_item(cls, index, raw, settings)
             except InvalidInput as exc:
@@ -187,18 +193,24 @@ class Intake:
             _ids_by_position(positions, checked.ids, size, every),
             suspect=bool(delivery.lost),
             isolated=frozenset(isolated),
+            where=None if call.indices is None else {index: p for p, index in enumerate(call.indices)},
         )
         now, job_id, offset = self.clock(), call.job_id, call.offset
+        if call.indices is None:
+            indices = [offset + position for position in positions]
+        else:
+            indices = [call.indices[position] for position in positions]
         if lengths is None:
-            run = [Item(job_id, offset + position, 1, now, pack) for position in positions]
+            run = [Item(job_id, index, 1, now, pack) for index in indices]
         else:
             run = [
-                Item(job_id, offset + position, length, now, pack)
-                for position, length in zip(positions, lengths, strict=True)
+                Item(job_id, index, length, now, pack) for index, length in zip(indices, lengths, strict=True)
             ]
         if isolated:
-            items.append((call.model, ISOLATED, [item for item in run if item.index - offset in isolated]))
-            run = [item for item in run if item.index - offset not in isolated]
+            items.append(
+                (call.model, ISOLATED, [item for item in run if pack.position(item.index) in isolated])
+            )
+            run = [item for item in run if pack.position(item.index) not in isolated]
         items.append((call.model, call.priority, run))
 
     def _fail(self, delivery: Delivery, positions: Iterable[int], error: str) -> None:
@@ -207,7 +219,7 @@ class Intake:
         assert call is not None
         failed = Outcomes()
         for position in positions:
-            index = call.offset + position
+            index = call.index(position)
             failed.add(
                 ItemOutcome(call.job_id, index, _safe_id(index, call.inputs[position]), error=error), delivery
             )
