@@ -7,11 +7,8 @@ Every route that names a job looks it up within the caller's tenants, so another
 from __future__ import annotations
 
 import asyncio
-import io
 import tempfile
 from collections import deque
-from collections.abc import Iterator
-from itertools import islice
 from typing import Annotated
 from uuid import uuid4
 
@@ -28,7 +25,6 @@ from api.checking import Checker
 from api.schemas import Job, JobList, JobRequest, JobState, ModelInfo, error_responses
 from api.spool import CheckedPiece, NdjsonSpool, Piece
 from worker.calls import InferCall, expiry
-from worker.jsonl import write_results
 from worker.models.registry import served_models
 from worker.store.catalog import InvalidCursor
 from worker.store.keys import ApiKey
@@ -39,7 +35,6 @@ router = APIRouter(prefix="/v1", responses=error_responses(401, 422))
 Caller = Annotated[ApiKey, Depends(caller)]
 Served = Annotated[Backend, Depends(backend)]
 
-RESULT_LINES_PER_CHUNK = 1000  # lines per write to the socket when streaming results
 # NDJSON arrives in socket-sized pieces (~64 KiB); it is checked a MiB at a time (one hop to a checker each).
 FEED_BYTES = 2**20
 
@@ -192,15 +187,8 @@ def job_results(
 ) -> StreamingResponse:
     """Stored results in index order as NDJSON (``index``, ``id``, ``output`` or ``error``), streamed."""
     _status(served, job_id, key.tenants)
-    outcomes = islice(served.store.results(job_id, after=after), limit)
-    return StreamingResponse(_ndjson_chunks(outcomes), media_type=limits.NDJSON)
-
-
-def _ndjson_chunks(outcomes: Iterator[object]) -> Iterator[bytes]:
-    while chunk := list(islice(outcomes, RESULT_LINES_PER_CHUNK)):
-        out = io.BytesIO()
-        write_results(out, chunk)
-        yield out.getvalue()
+    lines = served.store.result_lines(job_id, after=after, limit=limit)
+    return StreamingResponse(lines, media_type=limits.NDJSON)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=Job, responses=error_responses(404))

@@ -7,14 +7,16 @@ a model; it takes plain values and gives plain values back. What a user's comman
 
 from __future__ import annotations
 
+import io
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from functools import lru_cache
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, insert, inspect, select, update
+from sqlalchemy import Engine, insert, inspect, select, text, update
 from sqlalchemy.engine import make_url
 
 from worker.store import bulk, queries, rows, tables
@@ -47,6 +49,8 @@ __all__ = [
 # Rows per query when streaming a job's results: small enough to keep memory flat for a 1M-item job,
 # large enough that the round trips don't dominate.
 RESULTS_PAGE_SIZE = 2000
+# Lines per page when PostgreSQL writes a job's results as NDJSON (result_lines): one text of a few MB.
+RESULT_LINES_PAGE_SIZE = 20_000
 _JOB = tables.jobs.c
 _INSERT_BATCH = insert(tables.batches).returning(tables.batches.c.id)
 
@@ -228,6 +232,32 @@ class ResultStore:
                 return
             page_query = query.where(column.item_index > page[-1].item_index)
 
+    def result_lines(self, job_id: str, after: int = -1, limit: int | None = None) -> Iterator[bytes]:
+        """The job's stored outcomes of index above ``after`` (at most ``limit``) as NDJSON lines, as
+        ``worker.jsonl.write_results`` writes them, in chunks of whole lines ending in a newline.
+
+        PostgreSQL writes the lines itself, a page to one text (a stored output is JSON text already, so it
+        is never decoded and encoded again, and no Python object is made per row); a page is its own short
+        query, as in ``results``. SQLite: the rows through ``results``.
+        """
+        if self.engine.dialect.name != "postgresql":
+            yield from _lines_of(self.results(job_id, after), limit)
+            return
+        left = limit
+        while left is None or left > 0:
+            size = RESULT_LINES_PAGE_SIZE if left is None else min(left, RESULT_LINES_PAGE_SIZE)
+            with client_errors(self.url), self.engine.connect() as conn:
+                last, lines, count = conn.execute(
+                    _RESULT_LINES, {"job_id": job_id, "after": after, "size": size}
+                ).one()
+            if not count:
+                return
+            yield lines.encode() + b"\n"
+            if count < size:
+                return
+            after = last
+            left = None if left is None else left - count
+
     def recent_batches(self, job_id: str | None = None, limit: int = 20) -> list[BatchRecord]:
         """The newest batches first, all of them or only those that carried items of ``job_id``."""
         if self._absent():
@@ -308,6 +338,34 @@ def _token_counts(columns: ItemColumns) -> list[TokenCount]:
         return []
     rows = zip(columns.job_ids, columns.indices, columns.tokens, strict=True)
     return [TokenCount(job_id, index, tokens) for job_id, index, tokens in rows if tokens is not None]
+
+
+# One page of a job's results as NDJSON lines in one text, written by PostgreSQL as orjson writes them
+# ({"index":0,"id":"a","output":...} or "error" for "output"); the last index, the lines, their count.
+_RESULT_LINES = text(
+    f"""SELECT max(item_index), string_agg(line, E'\\n' ORDER BY item_index), count(*)
+    FROM (
+        SELECT item_index,
+               '{{"index":' || item_index || ',"id":' || coalesce(to_json(item_id)::text, 'null')
+               || CASE WHEN error IS NULL THEN ',"output":' || coalesce(output::text, 'null')
+                       ELSE ',"error":' || to_json(error)::text END
+               || '}}' AS line
+        FROM {tables.results.name}
+        WHERE job_id = :job_id AND item_index > :after
+        ORDER BY item_index
+        LIMIT :size
+    ) AS page"""
+)
+
+
+def _lines_of(outcomes: Iterator[ItemOutcome], limit: int | None) -> Iterator[bytes]:
+    from worker.jsonl import write_results
+
+    outcomes = islice(outcomes, limit)
+    while chunk := list(islice(outcomes, 1000)):
+        out = io.BytesIO()
+        write_results(out, chunk)
+        yield out.getvalue()
 
 
 def _utcnow() -> datetime:
