@@ -42,7 +42,9 @@ class Bucket:
     def add_run(self, items: list[Item]) -> None:
         """Add items of ONE job, in arrival order (a message's items): one queue lookup and one heap push
         for the whole run, not one per item."""
-        if not items:
+        if len(items) < 2:
+            for item in items:
+                self.add(item)
             return
         first = items[0]
         queue = self.jobs.get(first.job_id)

@@ -48,6 +48,7 @@ class Intake:
         while True:
             group, last = self._waiting()
             items: list[Run] = []
+            count = 0  # items in ``items``
             for delivery in group:
                 try:
                     self.take(delivery, items)
@@ -55,9 +56,10 @@ class Intake:
                     log.exception("could not take message %s", delivery.task_id[:80])
                     if delivery.call is None:
                         self.storer.work.put(Refusal(delivery, "internal error while preparing the message"))
-                if sum(len(run) for _, _, run in items) >= MAX_GROUP_ITEMS:
+                count += delivery.pending
+                if count >= MAX_GROUP_ITEMS:
                     self._schedule(items)  # large messages: the run thread need not wait for all
-                    items = []
+                    items, count = [], 0
             self._schedule(items)
             if last:
                 return
