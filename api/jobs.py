@@ -7,11 +7,9 @@ Every route that names a job looks it up within the caller's tenants, so another
 from __future__ import annotations
 
 import asyncio
-import io
 import tempfile
 from collections import deque
-from collections.abc import Iterator
-from itertools import islice
+from itertools import chain
 from typing import Annotated
 from uuid import uuid4
 
@@ -29,12 +27,10 @@ from api.schemas import Job, JobList, JobRequest, JobState, ModelInfo, error_res
 from api.spool import CheckedPiece, NdjsonSpool, Piece
 from worker.bounds import MAX_COUNT
 from worker.calls import InferCall, expiry
-from worker.jsonl import write_results
 from worker.models.registry import served_models
 from worker.store.catalog import InvalidCursor
 from worker.store.keys import ApiKey
 from worker.store.results import JobStatus
-from worker.store.values import ItemOutcome
 
 router = APIRouter(prefix="/v1", responses=error_responses(401, 422))
 
@@ -45,7 +41,6 @@ JobId = Annotated[
     str, Path(description="a job id from POST /v1/jobs (a UUID)", json_schema_extra={"format": "uuid"})
 ]
 
-RESULT_LINES_PER_CHUNK = 1000  # lines per write to the socket when streaming results
 # NDJSON arrives in socket-sized pieces (~64 KiB); it is checked a MiB at a time (one hop to a checker each).
 FEED_BYTES = 2**20
 
@@ -212,18 +207,9 @@ def job_results(
     The job and the first lines are read before the answer starts: a database that fails then is a 503, not
     a body broken after its 200."""
     _status(served, job_id, key.tenants)
-    outcomes = islice(served.store.results(job_id, after=after), limit)
-    first = list(islice(outcomes, RESULT_LINES_PER_CHUNK))
-    return StreamingResponse(_ndjson_chunks(first, outcomes), media_type=limits.NDJSON)
-
-
-def _ndjson_chunks(first: list[ItemOutcome], outcomes: Iterator[ItemOutcome]) -> Iterator[bytes]:
-    chunk = first
-    while chunk:
-        out = io.BytesIO()
-        write_results(out, chunk)
-        yield out.getvalue()
-        chunk = list(islice(outcomes, RESULT_LINES_PER_CHUNK))
+    lines = served.store.result_lines(job_id, after=after, limit=limit)
+    first = next(lines, b"")
+    return StreamingResponse(chain([first], lines), media_type=limits.NDJSON)
 
 
 @router.post(

@@ -36,7 +36,11 @@ CALL_ARGUMENTS = ("model", "inputs", "priority", "deadline_s")
 # What a message carries: the call, plus which job its items belong to and where they sit in it.
 # A time past this (the year 3000) is no one's clock: it is refused before a datetime or database meets it.
 LAST_UNIX_TIME = 32_503_680_000
-MESSAGE_ARGUMENTS = ("model", "inputs", "priority", "job_id", "offset", "total", "expires_at", "created_at")
+# ``indices``: the job index of each item, where a message's items are not the job's consecutive items from
+# ``offset`` on (a producer that ordered a job's items by length; see broker/producer.py).
+MESSAGE_ARGUMENTS = (
+    *("model", "inputs", "priority", "job_id", "offset", "total", "expires_at", "created_at", "indices"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,11 @@ class InferCall:
     total: int = 0
     expires_at: float | None = None  # Unix time after which items not yet started end as expired
     created_at: float | None = None  # Unix time the producer accepted the job
+    indices: Sequence[int] | None = None  # each item's job index; None: offset, offset + 1, ...
+
+    def index(self, position: int) -> int:
+        """The job index of the message's item at ``position``."""
+        return self.offset + position if self.indices is None else self.indices[position]
 
     def fields(self) -> dict[str, Any]:
         """The message's keyword arguments but the inputs."""
@@ -125,6 +134,7 @@ def parse_message(task_id: str, kwargs: object, settings: Settings) -> InferCall
         total=total,
         expires_at=_unix_time(kwargs.get("expires_at"), "expires_at"),
         created_at=_unix_time(kwargs.get("created_at"), "created_at"),
+        indices=_indices(kwargs.get("indices"), len(inputs), total),
     )
 
 
@@ -175,6 +185,19 @@ def expiry(deadline_s: object) -> float | None:
     if not _is_number(deadline_s) or not 0 < deadline_s < 10 * 365 * 86400:  # type: ignore[operator]
         raise InvalidInput("argument 'deadline_s' must be a positive number of seconds (at most ten years)")
     return time.time() + float(deadline_s)  # type: ignore[arg-type]
+
+
+def _indices(value: object, count: int, total: int) -> list[int] | None:
+    """A message's item indices: ``count`` distinct integers below ``total`` (None: consecutive ones)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != count:
+        raise InvalidInput(f"argument 'indices' must be a list of {count} job indices, one per item")
+    if not all(type(index) is int and 0 <= index < total for index in value):
+        raise InvalidInput(f"argument 'indices' must hold integers from 0 to {total - 1} (the job's total)")
+    if len(set(value)) != count:
+        raise InvalidInput("argument 'indices' names an item twice")
+    return value
 
 
 def _refuse_unknown(kwargs: Mapping[str, Any], known: Sequence[str]) -> None:

@@ -18,6 +18,7 @@ from worker.bounds import check_json
 from worker.broker.keys import Keys
 from worker.calls import InferCall, check_items, job_id_of, new_call
 from worker.errors import InvalidInput, JobNotFound, NoWorker
+from worker.models.registry import model_class
 from worker.settings import Settings, get_settings
 from worker.store.results import FINISHED_STATES, JobSpec, JobStatus, ResultStore
 from worker.store.values import ItemOutcome
@@ -130,7 +131,8 @@ class Client:
                 raise NoWorker(NO_WORKER)
             publish_in_process(call, self.settings)
             return
-        self._publisher.enqueue(call, task_id=call.job_id, record_job=record_job)
+        order = length_order(call, self.settings)
+        self._publisher.enqueue(call, task_id=call.job_id, record_job=record_job, order=order)
 
     @cached_property
     def _publisher(self) -> Any:
@@ -268,3 +270,31 @@ def wait(job_id: str, timeout_s: float | None = None) -> JobStatus:
 
 def cancel(job_id: str) -> bool:
     return default_client().cancel(job_id)
+
+
+# Items a producer orders by length at a time, in chunks (see length_order).
+ORDER_WINDOW_CHUNKS = 8
+
+
+def length_order(call: InferCall, settings: Settings) -> list[int] | None:
+    """The positions of ``call``'s items shortest first within each window of ORDER_WINDOW_CHUNKS messages,
+    for a model that batches by length (it has length buckets); None where that changes nothing.
+
+    A worker sorts only the few messages it holds into its buckets; ordered here, every message is already
+    near one bucket, so its batches carry little padding, while a large job still comes in many messages
+    that spread over all workers, and its results still arrive roughly in index order (window by window).
+    Characters stand in for tokens: the producer has no tokenizer, and the order only needs to be close.
+    """
+    if len(call.inputs) < 2 or not model_class(call.model, settings).bucket_edges:
+        return None
+    lengths = [_chars(item) for item in call.inputs]
+    window = settings.submit_chunk_size * ORDER_WINDOW_CHUNKS
+    order: list[int] = []
+    for start in range(0, len(lengths), window):
+        order += sorted(range(start, min(len(lengths), start + window)), key=lengths.__getitem__)
+    return None if all(a < b for a, b in zip(order, order[1:], strict=False)) else order
+
+
+def _chars(item: object) -> int:
+    text = item.get("text") if isinstance(item, dict) else item
+    return len(text) if isinstance(text, str) else 0

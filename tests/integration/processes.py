@@ -27,6 +27,7 @@ TEST_MODELS = [
     "noop",
     "simulated",
     "tests.support.models:Echo",
+    "tests.support.models:LengthEcho",
     "tests.support.models:Counter",
     "tests.support.models:Poison",
     "tests.support.models:OutOfMemoryAbove16",

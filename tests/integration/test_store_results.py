@@ -3,14 +3,18 @@ redelivery, generated tokens."""
 
 from __future__ import annotations
 
+import io
 import random
 import threading
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 
 import numpy as np
+import orjson
 import pytest
 
 from tests.integration.stored import batch, err, new_job, ok, write
+from worker.jsonl import write_results
 from worker.store import results as results_module
 from worker.store.results import ItemOutcome, JobSpec, ResultStore, TokenCount
 
@@ -190,3 +194,30 @@ def _tokens(store: ResultStore, job: JobSpec) -> tuple[int | None, int | None]:
     status = store.status(job.job_id)
     assert status is not None
     return status.generated_tokens, status.running_tokens
+
+
+@pytest.mark.parametrize(("after", "limit"), [(-1, None), (-1, 7), (4, None), (4, 3), (20, None)])
+def test_result_lines_are_the_lines_write_results_writes(
+    store: ResultStore, monkeypatch: pytest.MonkeyPatch, after: int, limit: int | None
+) -> None:
+    # PostgreSQL writes the NDJSON itself (GET /v1/jobs/{id}/results): byte for byte what the Python
+    # writer makes of the same rows, across pages, for awkward ids, outputs and errors.
+    monkeypatch.setattr(results_module, "RESULT_LINES_PAGE_SIZE", 4)
+    job = new_job(total=12)
+    outcomes = [
+        ItemOutcome(job.job_id, 0, 'q"uo\\te', output={"text": "héllo ✓ \u2028", "n": [1.5, -2, None]}),
+        ItemOutcome(job.job_id, 1, None, output="tab\there\nnewline \x01 \x1f"),
+        ItemOutcome(job.job_id, 2, "7", error='bad "input" \\ \n at line 3 ✗'),
+        ItemOutcome(job.job_id, 3, "e", output=np.float32(0.1)),
+        ItemOutcome(job.job_id, 4, "</script>", output=[]),
+        ItemOutcome(job.job_id, 5, "f", output=0),
+        *(ItemOutcome(job.job_id, i, f"id-{i}", output={"i": i}) for i in range(6, 12)),
+    ]
+    write(store, job, outcomes)
+
+    expected = io.BytesIO()
+    write_results(expected, islice(store.results(job.job_id, after=after), limit))
+    lines = b"".join(store.result_lines(job.job_id, after=after, limit=limit))
+
+    assert lines == expected.getvalue()
+    assert [orjson.loads(line)["index"] for line in lines.splitlines()] == list(range(after + 1, 12))[:limit]

@@ -1,7 +1,8 @@
 """The tests' own models, named by import path (``tests.support.models:Echo``): no weights, no torch.
 
-Echo returns a checkable function of its input; Poison, OutOfMemoryAbove16 and Crash fail on purpose (an
-exception, CUDA's out-of-memory error, the worker process dying); Counter is a user's own step model.
+Echo returns a checkable function of its input (LengthEcho too, batching by length); Poison,
+OutOfMemoryAbove16 and Crash fail on purpose (an exception, CUDA's out-of-memory error, the worker process
+dying); Counter is a user's own step model.
 """
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ class Echo(Model):
 
     def forward(self, payloads: Sequence[str]) -> list[dict[str, object]]:
         return [{"echo": text, "n": len(text)} for text in payloads]
+
+
+class LengthEcho(Echo):
+    """Echo for a model that batches by length: an item's length is its characters, in buckets of 8."""
+
+    name = "length-echo"
+    max_batch_size = 32
+    bucket_edges = tuple(range(8, 513, 8))
+
+    def prepare(self, checked: Sequence[str]) -> list[Prepared]:
+        return [Prepared(text, len(text)) for text in checked]
 
 
 class Poison(Model):

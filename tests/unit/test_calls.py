@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from worker.calls import (
     MAX_ITEM_ID_CHARS,
+    InferCall,
     check_item,
     check_items,
     item_id,
@@ -17,6 +18,7 @@ from worker.calls import (
     new_call,
     parse_message,
 )
+from worker.client import ORDER_WINDOW_CHUNKS, length_order
 from worker.errors import InvalidInput
 from worker.models.noop import Noop
 from worker.settings import Settings
@@ -33,6 +35,13 @@ def test_a_good_message_parses_into_its_call() -> None:
     call = parse_message("task", message(priority="bulk", expires_at=1.5e9, created_at=1.4e9), SETTINGS)
     assert (call.job_id, call.model, call.priority, call.offset, call.total) == (JOB, "noop", "bulk", 0, 2)
     assert (call.expires_at, call.created_at) == (1.5e9, 1.4e9)
+
+
+def test_a_message_naming_its_indices_maps_each_position_to_its_index() -> None:
+    call = parse_message("task", message(inputs=["a", "b", "c"], total=9, indices=[7, 0, 3]), SETTINGS)
+    assert [call.index(position) for position in range(3)] == [7, 0, 3]
+    plain = parse_message("task", message(offset=4, total=6), SETTINGS)
+    assert [plain.index(position) for position in range(2)] == [4, 5]
 
 
 def test_a_message_without_job_id_is_its_task_id() -> None:
@@ -62,6 +71,12 @@ def test_a_message_without_job_id_is_its_task_id() -> None:
         (message(expires_at=float("nan")), "argument 'expires_at' must be a Unix time"),
         (message(created_at=[1]), "argument 'created_at' must be a Unix time"),
         (message(extra=1), "unknown argument(s) 'extra'"),
+        (message(indices=[0]), "argument 'indices' must be a list of 2 job indices"),
+        (message(indices="01"), "argument 'indices' must be a list of 2 job indices"),
+        (message(indices=[0, 2]), "argument 'indices' must hold integers from 0 to 1"),
+        (message(indices=[0, True]), "argument 'indices' must hold integers from 0 to 1"),
+        (message(indices=[-1, 0]), "argument 'indices' must hold integers from 0 to 1"),
+        (message(indices=[1, 1]), "argument 'indices' names an item twice"),
         ("not kwargs", "keyword arguments are not an object"),
     ],
 )
@@ -143,3 +158,19 @@ def test_only_canonical_uuids_are_job_ids(text: str) -> None:
     except (InvalidInput, ValueError):
         with pytest.raises(InvalidInput):
             job_id_of(text)
+
+
+def test_a_length_bucketed_models_items_go_shortest_first_within_windows() -> None:
+    settings = Settings(submit_chunk_size=2)  # windows of 2 x ORDER_WINDOW_CHUNKS items
+    window = 2 * ORDER_WINDOW_CHUNKS
+    texts = [{"text": "x" * (50 - i % 40)} for i in range(3 * window)]
+    call = InferCall(JOB, "minilm", texts, total=len(texts))
+    order = length_order(call, settings)
+    assert order is not None and sorted(order) == list(range(len(texts)))
+    for start in range(0, len(texts), window):
+        part = order[start : start + window]
+        assert sorted(part) == list(range(start, start + window))  # nothing crosses a window
+        assert [len(texts[i]["text"]) for i in part] == sorted(len(texts[i]["text"]) for i in part)
+    # A model without length buckets, or items already in order, keep the plain consecutive messages.
+    assert length_order(InferCall(JOB, "noop", texts, total=len(texts)), settings) is None
+    assert length_order(InferCall(JOB, "minilm", ["a", "bb", "ccc"], total=3), settings) is None

@@ -7,7 +7,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.broker.producer import MAX_MESSAGE_BYTES, parts
+from worker.broker.producer import MAX_MESSAGE_BYTES, ordered_parts, parts
 
 
 @given(sizes=st.lists(st.integers(1, 400_000), min_size=1, max_size=30), chunk=st.integers(1, 8))
@@ -22,3 +22,19 @@ def test_parts_hold_every_item_once_in_order_under_both_caps(sizes: list[int], c
     for part, (_, joined) in zip(items, cut, strict=True):
         assert 1 <= len(part) <= chunk
         assert len(part) == 1 or len(joined) <= MAX_MESSAGE_BYTES + len(part)  # the commas
+
+
+@given(
+    sizes=st.lists(st.integers(1, 30), min_size=1, max_size=40), chunk=st.integers(1, 8), seed=st.randoms()
+)
+def test_ordered_parts_name_each_items_index_once_beside_its_json(sizes: list[int], chunk: int, seed) -> None:
+    order = list(range(len(sizes)))
+    seed.shuffle(order)
+    encoded = [orjson.dumps(f"item {index}") for index in order]
+
+    cut = list(ordered_parts(order, encoded, chunk))
+
+    assert [index for _, _, indices in cut for index in indices] == order
+    for offset, joined, indices in cut:
+        assert offset == 0 and 1 <= len(indices) <= chunk
+        assert orjson.loads(b"[" + joined + b"]") == [f"item {index}" for index in indices]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from worker.batching.buckets import Bucket
 from worker.batching.policy import LanePolicy
 from worker.batching.scheduler import Item, Scheduler
 
@@ -152,3 +155,56 @@ def test_every_item_lands_in_exactly_one_batch_and_deadlines_hold(events) -> Non
         assert len(b.items) <= policies[b.lane].max_batch_size
         # A free runner takes a batch no later than its oldest item's deadline.
         assert b.oldest_wait_s <= policies[b.lane].max_wait_s + 0.01 + 1e-9
+
+
+messages = st.lists(
+    st.tuples(
+        st.sampled_from(["j1", "j2", "j3"]),
+        st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=12),  # item lengths
+        st.floats(min_value=0, max_value=0.02),  # gap since the previous message
+        st.integers(min_value=0, max_value=3),  # batches the runner takes before the next message
+    ),
+    max_size=25,
+)
+
+
+def _replay(events, policy, *, by_run: bool) -> list[tuple[float, list[tuple[str, int]]]]:
+    """The batches (time taken, items) of the messages in ``events``, added by add_run or item by item."""
+    s, now, counters, out = Scheduler(policy), 0.0, {}, []
+    for job, lengths, gap, takes in events:
+        now += gap
+        start = counters.get(job, 0)
+        counters[job] = start + len(lengths)
+        run = [Item(job, start + k, length, now) for k, length in enumerate(lengths)]
+        if by_run:
+            s.add_run("m", "normal", run)
+        else:
+            for it in run:
+                s.add("m", "normal", it)
+        for _ in range(takes):
+            if (batch := s.next_batch(now)) is not None:
+                out.append((now, [(it.job_id, it.index) for it in batch.items]))
+    while (deadline := s.next_deadline()) is not None:
+        now = max(now, deadline)
+        while (batch := s.next_batch(now)) is not None:
+            out.append((now, [(it.job_id, it.index) for it in batch.items]))
+    assert len(s) == 0
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages, st.sampled_from([None, 60, 150]), st.sampled_from([(), (8, 20)]))
+def test_a_message_added_as_one_run_batches_exactly_as_its_items_added_one_by_one(
+    events, budget, edges
+) -> None:
+    # The intake adds a message's items with add_run; the batches must be the very ones add() of each
+    # item in turn gives: same items, same order, same times, under N, token budgets and buckets. And a
+    # bucket holding one job takes its items as one run: what taking them in turns (as among many jobs)
+    # would take.
+    def policy(key):
+        return LanePolicy(max_batch_size=5, max_wait_s=0.01, max_batch_tokens=budget, bucket_edges=edges)
+
+    by_run = _replay(events, policy, by_run=True)
+    assert by_run == _replay(events, policy, by_run=False)
+    with patch.object(Bucket, "_take_run", Bucket._take_turns):
+        assert by_run == _replay(events, policy, by_run=True)

@@ -39,6 +39,23 @@ class Bucket:
         self.size += 1
         self._lengths.add(item.length)
 
+    def add_run(self, items: list[Item]) -> None:
+        """Add items of ONE job, in arrival order (a message's items): one queue lookup and one heap push
+        for the whole run, not one per item."""
+        if len(items) < 2:
+            for item in items:
+                self.add(item)
+            return
+        first = items[0]
+        queue = self.jobs.get(first.job_id)
+        if queue is None:
+            queue = self.jobs[first.job_id] = deque()
+        if not queue:
+            heapq.heappush(self._heads, (first.arrived, next(self._seq), first))
+        queue.extend(items)
+        self.size += len(items)
+        self._lengths.add_many([item.length for item in items])
+
     def oldest(self) -> Item:
         """The item that has waited longest (every job's items wait in arrival order: it heads its job)."""
         while True:
@@ -63,6 +80,12 @@ class Bucket:
         still runs, alone.
         """
         longest = max((item.length for item in batch), default=0)
+        if len(self.jobs) == 1:  # one job: its turns are all its own, so take its items as one run
+            self._take_run(batch, longest, policy)
+        else:
+            self._take_turns(batch, longest, policy)
+
+    def _take_turns(self, batch: list[Item], longest: int, policy: LanePolicy) -> None:
         while self.size and len(batch) < policy.max_batch_size:
             served: list[str] = []
             for job_id in self._turns(len(batch), policy.max_batch_size):
@@ -74,6 +97,32 @@ class Bucket:
                 longest = max(longest, length)
                 served.append(job_id)
             self._requeue(served)
+
+    def _take_run(self, batch: list[Item], longest: int, policy: LanePolicy) -> None:
+        """``take_into`` for a bucket holding one job: what its rounds would take, item by item in order,
+        with one heap push for the whole run."""
+        job_id, queue = next(iter(self.jobs.items()))
+        room = policy.max_batch_size - len(batch)
+        budget = policy.max_batch_tokens
+        taken: list[Item] = []
+        if budget is None:
+            taken = [queue.popleft() for _ in range(min(room, len(queue)))]
+        else:
+            count = len(batch)
+            while queue and len(taken) < room:
+                length = queue[0].length
+                if count and max(longest, length) * (count + 1) > budget:
+                    break
+                taken.append(queue.popleft())
+                longest, count = max(longest, length), count + 1
+        batch.extend(taken)
+        self.size -= len(taken)
+        self._lengths.remove_many([item.length for item in taken])
+        if queue:
+            if taken:
+                heapq.heappush(self._heads, (queue[0].arrived, next(self._seq), queue[0]))
+        else:
+            del self.jobs[job_id]
 
     def pop_oldest(self) -> Item:
         """The oldest item, taken alone (continuous batching admits one at a time)."""
@@ -125,8 +174,17 @@ class _Lengths:
             heapq.heappush(self._heap, -length)
         self._count[length] += 1
 
+    def add_many(self, lengths: list[int]) -> None:
+        for length in set(lengths):
+            if not self._count[length]:
+                heapq.heappush(self._heap, -length)
+        self._count.update(lengths)
+
     def remove(self, length: int) -> None:
         self._count[length] -= 1
+
+    def remove_many(self, lengths: list[int]) -> None:
+        self._count.subtract(lengths)
 
     def most(self) -> int:
         while self._heap and not self._count[-self._heap[0]]:

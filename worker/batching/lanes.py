@@ -48,6 +48,23 @@ class LaneQueue:
         self.buckets[bisect_left(self.policy.bucket_edges, item.length)].add(item)
         self.size += 1
 
+    def add_run(self, items: list[Item]) -> None:
+        """Add items of one job in arrival order (a message's items), each run of one bucket at once."""
+        if not items:
+            return
+        if not self.size:
+            self.waiting_since = items[0].arrived
+        edges = self.policy.bucket_edges
+        if not edges:
+            self.buckets[0].add_run(items)
+        else:
+            runs: dict[int, list[Item]] = {}
+            for item in items:
+                runs.setdefault(bisect_left(edges, item.length), []).append(item)
+            for index, run in runs.items():
+                self.buckets[index].add_run(run)
+        self.size += len(items)
+
     def oldest_arrival(self) -> float:
         return min(bucket.oldest().arrived for bucket in self.buckets if bucket.size)
 

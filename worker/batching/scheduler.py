@@ -30,11 +30,19 @@ class Scheduler:
         ] = {}  # per model: the batch size trusted since it ran out of memory
 
     def add(self, model: str, priority: str, item: Item) -> None:
+        self._lane(model, priority).add(item)
+
+    def add_run(self, model: str, priority: str, items: list[Item]) -> None:
+        """Add items of ONE job in arrival order (a message's items) at once: as ``add`` of each in turn,
+        at a fraction of the cost per item."""
+        self._lane(model, priority).add_run(items)
+
+    def _lane(self, model: str, priority: str) -> LaneQueue:
         key = (model, priority)
         lane = self._lanes.get(key)
         if lane is None:
             lane = self._lanes[key] = LaneQueue(key, self._policy_for(key), self._cap(model))
-        lane.add(item)
+        return lane
 
     def reconfigure(self, model: str | None = None) -> None:
         """Ask ``policy_for`` again for every lane of ``model`` (None: of every model), whose limits changed

@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -62,17 +62,31 @@ class Publisher:
         self.client = broker_redis(url)
         self._origin = f"{os.getpid()}@{socket.gethostname()}"
 
-    def enqueue(self, call: InferCall, *, task_id: str | None = None, record_job: bool = False) -> int:
+    def enqueue(
+        self,
+        call: InferCall,
+        *,
+        task_id: str | None = None,
+        record_job: bool = False,
+        order: Sequence[int] | None = None,
+    ) -> int:
         """Send ``call``'s items as messages (the first with ``task_id``), with the job's record when asked;
-        returns how many messages. InvalidInput if an item is not JSON; BrokerUnavailable if Redis is not."""
-        encoded = (_json(item, index) for index, item in enumerate(call.inputs, call.offset))
-        chunks = parts(call.offset, encoded, self.chunk_size)
+        returns how many messages. ``order``: the positions of the items in the order to send them (each
+        message then names its items' indices). InvalidInput if an item is not JSON; BrokerUnavailable if
+        Redis is not."""
+        if order is None:
+            encoded = (_json(item, index) for index, item in enumerate(call.inputs, call.offset))
+            chunks: Iterable[Part] = parts(call.offset, encoded, self.chunk_size)
+        else:
+            inputs, offset = call.inputs, call.offset
+            encoded = (_json(inputs[position], offset + position) for position in order)
+            chunks = ordered_parts([offset + position for position in order], encoded, self.chunk_size)
         return self.send(call, chunks, task_id=task_id, record_job=record_job)
 
     def send(
         self,
         call: InferCall,
-        encoded_parts: Iterable[tuple[int, bytes]],
+        encoded_parts: Iterable[Part],
         *,
         task_id: str | None = None,
         record_job: bool = False,
@@ -87,10 +101,11 @@ class Publisher:
                 pipe.hset(self.keys.job(call.job_id), mapping=_job_record(call))
                 pipe.expire(self.keys.job(call.job_id), PENDING_JOB_TTL_S)
                 pipe.zadd(self.keys.pending_jobs, {call.job_id: time.time()})
-            for offset, items in encoded_parts:
+            for part in encoded_parts:
                 # Only the job's first message may carry task_id (the job id, for Celery's result API).
-                message_id = task_id if offset == 0 and task_id else str(uuid.uuid4())
-                pipe.lpush(queue, self._message(message_id, queue, self._kwargs(call, offset, items), call))
+                message_id = task_id if sent == 0 and task_id else str(uuid.uuid4())
+                kwargs = self._kwargs(call, *part)
+                pipe.lpush(queue, self._message(message_id, queue, kwargs, call))
                 sent += 1
                 if len(pipe) >= PIPELINE_MESSAGES:
                     pipe.execute()
@@ -100,9 +115,11 @@ class Publisher:
         return sent
 
     @staticmethod
-    def _kwargs(call: InferCall, offset: int, items: bytes) -> bytes:
+    def _kwargs(call: InferCall, offset: int, items: bytes, indices: list[int] | None = None) -> bytes:
         fields = call.fields()
         fields["offset"] = offset
+        if indices is not None:
+            fields["indices"] = indices
         head = orjson.dumps(fields)
         return head[:-1] + b',"inputs":[' + items + b"]}"
 
@@ -200,6 +217,21 @@ def _job_record(call: InferCall) -> dict[Any, Any]:
         "total": call.total,
         "created_at": created.isoformat(),
     }
+
+
+# A message's part of a job: (offset, its items' JSON joined by commas), or (0, JSON, their job indices).
+Part = tuple[int, bytes] | tuple[int, bytes, list[int]]
+
+
+def ordered_parts(indices: list[int], encoded: Iterable[bytes], chunk_size: int) -> Iterator[Part]:
+    """``parts`` of items sent out of index order: each names its items' job ``indices``."""
+    pending: tuple[int, bytes] | None = None
+    for start, joined in parts(0, encoded, chunk_size):
+        if pending is not None:
+            yield 0, pending[1], indices[pending[0] : start]
+        pending = (start, joined)
+    if pending is not None:
+        yield 0, pending[1], indices[pending[0] :]
 
 
 def parts(offset: int, encoded: Iterable[bytes], chunk_size: int) -> Iterator[tuple[int, bytes]]:

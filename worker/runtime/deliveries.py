@@ -1,5 +1,5 @@
-"""What the engine's threads pass each other: deliveries (messages), slots, the store's three kinds of work,
-and the bookkeeping of what a worker holds.
+"""What the engine's threads pass each other: deliveries (messages), packs (their items as columns), the
+store's three kinds of work, and the bookkeeping of what a worker holds.
 
 Plain values; no threads are started here and nothing here talks to the broker or the database.
 """
@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from worker.calls import InferCall
-from worker.store.values import BatchRecord, ItemOutcome, JobSpec, TokenCount
+from worker.store.values import BatchRecord, ItemColumns, ItemOutcome, JobSpec, TokenCount
 
 
 class Message(Protocol):
@@ -56,17 +56,42 @@ class Delivery:
         return JobSpec(call.job_id, call.model, call.priority, call.total, call.created_at)
 
 
-@dataclass(frozen=True, slots=True)
-class Slot:
-    """What the engine keeps of an item while it waits: its message, the user's id, its payload; whether it
-    belongs to a message whose earlier worker died (a suspect, journaled before it runs), and whether it must
-    run alone (see runtime/journal.py)."""
+@dataclass(eq=False, slots=True)
+class Pack:
+    """What the engine keeps of a message's items while they wait, as columns by position in the message:
+    payloads (None for items that will not run) and the users' ids; whether the message's earlier worker
+    died (its items are suspects, journaled before they run) and which positions must run alone (see
+    runtime/journal.py). Every Item of the message refers to it; nothing is kept per item but the Item."""
 
     delivery: Delivery
-    item_id: str | None
-    payload: Any
+    offset: int  # the job index of position 0
+    payloads: list[Any]
+    item_ids: list[str | None] | None  # None: no item has an id of its own
     suspect: bool = False
-    isolated: bool = False
+    isolated: frozenset[int] = frozenset()  # positions
+    where: dict[int, int] | None = None  # job index -> position, for a message with indices of its own
+
+    def position(self, index: int) -> int:
+        return index - self.offset if self.where is None else self.where[index]
+
+    def payload(self, index: int) -> Any:
+        return self.payloads[self.position(index)]
+
+    def item_id(self, index: int) -> str | None:
+        return None if self.item_ids is None else self.item_ids[self.position(index)]
+
+    def ids_of(self, indices: list[int]) -> list[str | None]:
+        if self.item_ids is None:
+            return [None] * len(indices)
+        ids = self.item_ids
+        if self.where is None:
+            offset = self.offset
+            return [ids[index - offset] for index in indices]
+        where = self.where
+        return [ids[where[index]] for index in indices]
+
+    def alone(self, index: int) -> bool:
+        return bool(self.isolated) and self.position(index) in self.isolated
 
 
 # The store thread's work: one of these three per hand-over.
@@ -74,20 +99,54 @@ class Slot:
 
 @dataclass
 class Outcomes:
-    """Items' outcomes, ``deliveries[i]`` owing ``outcomes[i]``; with the batch that produced them, if any."""
+    """Items' outcomes as columns, with the batch that produced them, if any. ``runs`` says which delivery
+    owes which: (delivery, count) for consecutive outcomes, so a batch of one message's items is one run
+    and is settled as one, not item by item."""
 
     record: BatchRecord | None = None
-    outcomes: list[ItemOutcome] = field(default_factory=list)
-    deliveries: list[Delivery] = field(default_factory=list)
+    columns: ItemColumns = field(default_factory=ItemColumns)
+    runs: list[tuple[Delivery, int]] = field(default_factory=list)
 
     def add(self, outcome: ItemOutcome, delivery: Delivery) -> None:
-        self.outcomes.append(outcome)
-        self.deliveries.append(delivery)
+        self.columns.append(outcome)
+        self._owe(delivery, 1)
+
+    def extend(
+        self,
+        delivery: Delivery,
+        indices: list[int],
+        item_ids: list[str | None],
+        outputs: list[Any],
+        errors: list[str | None],
+    ) -> None:
+        """Outcomes of items of ``delivery`` (each with exactly one of output and error)."""
+        assert delivery.call is not None
+        self.columns.extend(delivery.call.job_id, indices, item_ids, outputs, errors)
+        self._owe(delivery, len(indices))
+
+    def _owe(self, delivery: Delivery, count: int) -> None:
+        if self.runs and self.runs[-1][0] is delivery:
+            self.runs[-1] = (delivery, self.runs[-1][1] + count)
+        elif count:
+            self.runs.append((delivery, count))
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    @property
+    def outcomes(self) -> list[ItemOutcome]:
+        """One ItemOutcome per item (for the rare paths that go item by item)."""
+        return self.columns.outcomes()
+
+    @property
+    def deliveries(self) -> list[Delivery]:
+        """The delivery owing each outcome, in order."""
+        return [delivery for delivery, count in self.runs for _ in range(count)]
 
     @property
     def jobs(self) -> list[JobSpec]:
         """The jobs of these outcomes, once each (the store creates any job row still missing)."""
-        return list(dict.fromkeys(delivery.job for delivery in self.deliveries))
+        return list(dict.fromkeys(delivery.job for delivery, _ in self.runs))
 
 
 @dataclass(frozen=True, slots=True)

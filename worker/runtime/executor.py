@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from worker.batching.scheduler import Batch, Item
 from worker.runtime import metrics
-from worker.runtime.deliveries import Delivery, Outcomes, Slot, TokenReport
+from worker.runtime.deliveries import Delivery, Outcomes, Pack, TokenReport
 from worker.runtime.loaded_models import Stepping
 from worker.runtime.runner import run_batch
 from worker.runtime.shared import Shared
@@ -87,14 +87,15 @@ class Executor:
         batch = self._screen(batch, write)
         if not batch.items:
             return write
-        slots: list[Slot] = [item.ref for item in batch.items]
-        for slot in slots:
-            self._mark_started(slot.delivery)
-        suspects = [item for item in batch.items if item.ref.suspect]
+        runs = _runs(batch.items)
+        for pack, _, _ in runs:
+            self._mark_started(pack.delivery)
+        suspects = [item for pack, lo, hi in runs if pack.suspect for item in batch.items[lo:hi]]
         self._journal(suspects, starting=True)
         started_at, started = datetime.now(UTC), self.clock()
         model = self.models.loaded(batch.model)
-        report = run_batch(model.forward, [slot.payload for slot in slots], model.release_memory)
+        payloads = [item.ref.payload(item.index) for item in batch.items]
+        report = run_batch(model.forward, payloads, model.release_memory)
         run_ms = (self.clock() - started) * 1000
         self._journal(suspects, starting=False)
         with self.ready:
@@ -115,35 +116,56 @@ class Executor:
             worker=self.worker_name,
         )
         metrics.batch_ran(write.record, report)
-        for item, slot, outcome in zip(batch.items, slots, report.outcomes, strict=True):
-            write.add(
-                ItemOutcome(item.job_id, item.index, slot.item_id, outcome.output, outcome.error),
-                slot.delivery,
-            )
+        for pack, lo, hi in runs:
+            indices = [item.index for item in batch.items[lo:hi]]
+            item_ids = pack.ids_of(indices)
+            write.extend(pack.delivery, indices, item_ids, report.outputs[lo:hi], report.errors[lo:hi])
         log.info(
             "batch %s/%s: %d items, tokens %d real / %d padded, oldest waited %.1f ms, ran %.1f ms",
-            *(batch.model, batch.lane[1], len(slots), batch.real_tokens, batch.padded_tokens),
+            *(batch.model, batch.lane[1], len(batch.items), batch.real_tokens, batch.padded_tokens),
             *(batch.oldest_wait_s * 1000, run_ms),
         )
         return write
 
     def _screen(self, batch: Batch, write: Outcomes) -> Batch:
-        """The batch without items of cancelled jobs or past their job's deadline; those end as errors."""
-        live = tuple(item for item in batch.items if not self._dropped(item, write))
-        return batch if len(live) == len(batch.items) else Batch(batch.lane, live, batch.formed_at)
+        """The batch without items of cancelled jobs or past their job's deadline; those end as errors.
+        Decided once per message, not per item: cancellation and deadlines are the job's."""
+        dropped = {
+            pack: error
+            for pack, _, _ in _runs(batch.items)
+            if (error := self._why_dropped(pack.delivery)) is not None
+        }
+        if not dropped:
+            return batch
+        live = []
+        for item in batch.items:
+            error = dropped.get(item.ref)
+            if error is None:
+                live.append(item)
+            else:
+                pack: Pack = item.ref
+                write.add(
+                    ItemOutcome(item.job_id, item.index, pack.item_id(item.index), error=error), pack.delivery
+                )
+        return Batch(batch.lane, tuple(live), batch.formed_at)
+
+    def _why_dropped(self, delivery: Delivery) -> str | None:
+        """Why items of this message must not run (its job was cancelled or its deadline passed), if so."""
+        call = delivery.call
+        assert call is not None
+        if call.job_id in self.cancels.cancelled:
+            return "cancelled"
+        if call.expires_at is not None and time.time() > call.expires_at:
+            return "expired: not started before the job's deadline"
+        return None
 
     def _dropped(self, item: Item, write: Outcomes) -> bool:
         """Store why ``item`` must not run (its job was cancelled or its deadline passed), if so."""
-        slot: Slot = item.ref
-        call = slot.delivery.call
-        assert call is not None
-        if call.job_id in self.cancels.cancelled:
-            error = "cancelled"
-        elif call.expires_at is not None and time.time() > call.expires_at:
-            error = "expired: not started before the job's deadline"
-        else:
+        pack: Pack = item.ref
+        error = self._why_dropped(pack.delivery)
+        if error is None:
             return False
-        write.add(ItemOutcome(item.job_id, item.index, slot.item_id, error=error), slot.delivery)
+        write.add(ItemOutcome(item.job_id, item.index, pack.item_id(item.index), error=error), pack.delivery)
         return True
 
     def _journal(self, suspects: list[Item], *, starting: bool) -> None:
@@ -179,30 +201,36 @@ class Executor:
                 self._admit(stepping, item)
         for finished in model.step():
             key: Item = finished.key
+            pack: Pack = key.ref
             if self._alone.get(name) is key:
                 del self._alone[name]
-            if key.ref.suspect:
+            if pack.suspect:
                 self._journal([key], starting=False)
             outcome = ItemOutcome(
-                key.job_id, key.index, key.ref.item_id, finished.output, finished.error, finished.tokens
+                key.job_id,
+                key.index,
+                pack.item_id(key.index),
+                finished.output,
+                finished.error,
+                finished.tokens,
             )
-            write.add(outcome, key.ref.delivery)
-        if write.outcomes:
+            write.add(outcome, pack.delivery)
+        if len(write):
             self.storer.work.put(write)
         self._report_tokens(stepping)
 
     def _fits(self, stepping: Stepping, item: Item) -> bool:
-        alone = item.ref.isolated
+        alone = item.ref.alone(item.index)
         return (not alone or stepping.model.running() == 0) and stepping.model.can_admit(item.length)
 
     def _admit(self, stepping: Stepping, item: Item) -> None:
-        slot: Slot = item.ref
-        self._mark_started(slot.delivery)
-        if slot.suspect:
+        pack: Pack = item.ref
+        self._mark_started(pack.delivery)
+        if pack.suspect:
             self._journal([item], starting=True)
-        if slot.isolated:
+        if pack.alone(item.index):
             self._alone[stepping.name] = item
-        stepping.model.admit(item, slot.payload)
+        stepping.model.admit(item, pack.payload(item.index))
 
     def _report_tokens(self, stepping: Stepping) -> None:
         """Every ``tokens_report_s``, the token counts of the running sequences (all of them: a running
@@ -220,3 +248,17 @@ class Executor:
         counts = [TokenCount(item.job_id, item.index, tokens) for item, tokens in model.progress()]
         if counts:
             self.storer.work.put(TokenReport(counts))
+
+
+def _runs(items: tuple[Item, ...]) -> list[tuple[Pack, int, int]]:
+    """The batch's items as runs of one message each: (its pack, first position, end position)."""
+    runs: list[tuple[Pack, int, int]] = []
+    start, current = 0, None
+    for position, item in enumerate(items):
+        if item.ref is not current:
+            if current is not None:
+                runs.append((current, start, position))
+            start, current = position, item.ref
+    if current is not None:
+        runs.append((current, start, len(items)))
+    return runs

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -19,7 +20,7 @@ from worker.batching.scheduler import Item
 from worker.calls import InferCall, check_item, item_id, parse_message
 from worker.errors import InvalidInput
 from worker.models.base import Model
-from worker.runtime.deliveries import Delivery, Outcomes, Refusal, Slot
+from worker.runtime.deliveries import Delivery, Outcomes, Pack, Refusal
 from worker.runtime.journal import DEATHS_ERROR
 from worker.runtime.loaded_models import ISOLATED
 from worker.runtime.runner import error_text
@@ -46,7 +47,8 @@ class Intake:
         wake-up of the run thread per group, not per message (single-item calls arrive by the thousand)."""
         while True:
             group, last = self._waiting()
-            items: list[tuple[str, str, Item]] = []
+            items: list[Run] = []
+            count = 0  # items in ``items``
             for delivery in group:
                 try:
                     self.take(delivery, items)
@@ -54,18 +56,19 @@ class Intake:
                     log.exception("could not take message %s", delivery.task_id[:80])
                     if delivery.call is None:
                         self.storer.work.put(Refusal(delivery, "internal error while preparing the message"))
-                if len(items) >= MAX_GROUP_ITEMS:  # large messages: the run thread need not wait for all
-                    self._schedule(items)
-                    items = []
+                count += delivery.pending
+                if count >= MAX_GROUP_ITEMS:
+                    self._schedule(items)  # large messages: the run thread need not wait for all
+                    items, count = [], 0
             self._schedule(items)
             if last:
                 return
 
-    def _schedule(self, items: list[tuple[str, str, Item]]) -> None:
+    def _schedule(self, items: list[Run]) -> None:
         if items:
             with self.ready:
-                for model, lane, item in items:
-                    self.scheduler.add(model, lane, item)
+                for model, lane, run in items:
+                    self.scheduler.add_run(model, lane, run)
                 self.ready.notify()
 
     def _waiting(self) -> tuple[list[Delivery], bool]:
@@ -82,8 +85,8 @@ class Intake:
                 return group, False
         return group, True
 
-    def take(self, delivery: Delivery, items: list[tuple[str, str, Item]]) -> None:
-        """Parse and check ``delivery``; its items to batch go to ``items`` as (model, lane, item)."""
+    def take(self, delivery: Delivery, items: list[Run]) -> None:
+        """Parse and check ``delivery``; its items to batch go to ``items`` as runs (model, lane, items)."""
         call = self._parse(delivery)
         if call is None:
             return
@@ -103,10 +106,10 @@ class Intake:
             )
             return
         positions, isolated = self._positions(delivery)
-        valid, checked, errors = self._check(model, delivery, positions)
-        if errors.outcomes:
+        valid, checked, ids, errors = self._check(model, delivery, positions)
+        if len(errors):
             self.storer.work.put(errors)
-        self._prepare(delivery, model, valid, checked, isolated, items)
+        self._prepare(delivery, model, Checked(valid, checked, ids), isolated, items)
 
     def _parse(self, delivery: Delivery) -> InferCall | None:
         try:
@@ -125,12 +128,12 @@ class Intake:
         everything = list(range(len(call.inputs)))
         if not delivery.lost or self.journal is None:
             return everything, set()
-        deaths = self.journal.deaths(call.job_id, [call.offset + p for p in everything])
+        deaths = self.journal.deaths(call.job_id, [call.index(p) for p in everything])
         limit = self.settings.max_deliveries
         spent = [p for p, count in zip(everything, deaths, strict=True) if count >= limit - 1]
         for position in spent:
             error = DEATHS_ERROR.format(deaths=deaths[position] + 1, limit=limit)
-            log.error("job %s item %d: %s", call.job_id, call.offset + position, error)
+            log.error("job %s item %d: %s", call.job_id, call.index(position), error)
             self._fail(delivery, [position], error)
         # Alone once it has seen a death, or when its next death would be its last: a crash then names it.
         alone = {
@@ -142,52 +145,75 @@ class Intake:
 
     def _check(
         self, model: Model, delivery: Delivery, positions: list[int]
-    ) -> tuple[list[int], list[Any], Outcomes]:
-        """The positions whose items pass the model's check, what the check made of them, and the errors of
-        the rest."""
+    ) -> tuple[list[int], list[Any], list[str | None], Outcomes]:
+        """The positions whose items pass the model's check, what the check made of them and their ids, and
+        the errors of the rest."""
         call = delivery.call
         assert call is not None
-        valid, checked, errors = [], [], Outcomes()
-        cls = type(model)
+        valid, checked, ids, errors = [], [], [], Outcomes()
+        cls, settings, offset, inputs, indices = (
+            type(model),
+            self.settings,
+            call.offset,
+            call.inputs,
+            call.indices,
+        )
         for position in positions:
-            index, raw = call.offset + position, call.inputs[position]
+            index, raw = offset + position if indices is None else indices[position], inputs[position]
             try:
-                ready, _ = check_item(cls, index, raw, self.settings)
+                ready, ident = check_item(cls, index, raw, settings)
             except InvalidInput as exc:
                 error = f"invalid input: {exc.detail}"
                 errors.add(ItemOutcome(call.job_id, index, _safe_id(index, raw), error=error), delivery)
             else:
                 valid.append(position)
                 checked.append(ready)
-        return valid, checked, errors
+                ids.append(ident)
+        return valid, checked, ids, errors
 
     def _prepare(
-        self,
-        delivery: Delivery,
-        model: Model,
-        positions: list[int],
-        checked: list[Any],
-        isolated: set[int],
-        items: list[tuple[str, str, Item]],
+        self, delivery: Delivery, model: Model, checked: Checked, isolated: set[int], items: list[Run]
     ) -> None:
+        """Prepare the checked items in one call and add them to ``items`` as one run per lane, every Item
+        referring to the message's Pack (its payloads and ids as columns)."""
         call = delivery.call
         assert call is not None
+        positions = checked.positions
         if not positions:
             return
         try:
-            prepared = model.prepare(checked)
-            if len(prepared) != len(checked):
-                raise RuntimeError(f"prepare returned {len(prepared)} payloads for {len(checked)} items")
+            payloads, lengths = _prepared(model, checked.values)
         except Exception as exc:
             self._fail(delivery, positions, f"could not prepare input: {error_text(exc)}")
             return
-        now, suspect = self.clock(), bool(delivery.lost)
-        for position, ready in zip(positions, prepared, strict=True):
-            index = call.offset + position
-            alone = position in isolated
-            slot = Slot(delivery, _safe_id(index, call.inputs[position]), ready.payload, suspect, alone)
-            lane = ISOLATED if alone else call.priority
-            items.append((call.model, lane, Item(call.job_id, index, ready.length, now, slot)))
+        size = len(call.inputs)
+        every = len(positions) == size
+        pack = Pack(
+            delivery,
+            call.offset,
+            payloads if every else _by_position(positions, payloads, size),
+            _ids_by_position(positions, checked.ids, size, every),
+            suspect=bool(delivery.lost),
+            isolated=frozenset(isolated),
+            where=None if call.indices is None else {index: p for p, index in enumerate(call.indices)},
+        )
+        now, job_id, offset = self.clock(), call.job_id, call.offset
+        if call.indices is None:
+            indices = [offset + position for position in positions]
+        else:
+            indices = [call.indices[position] for position in positions]
+        if lengths is None:
+            run = [Item(job_id, index, 1, now, pack) for index in indices]
+        else:
+            run = [
+                Item(job_id, index, length, now, pack) for index, length in zip(indices, lengths, strict=True)
+            ]
+        if isolated:
+            items.append(
+                (call.model, ISOLATED, [item for item in run if pack.position(item.index) in isolated])
+            )
+            run = [item for item in run if pack.position(item.index) not in isolated]
+        items.append((call.model, call.priority, run))
 
     def _fail(self, delivery: Delivery, positions: Iterable[int], error: str) -> None:
         """Store ``error`` for these items of the delivery (they will not run)."""
@@ -195,12 +221,51 @@ class Intake:
         assert call is not None
         failed = Outcomes()
         for position in positions:
-            index = call.offset + position
+            index = call.index(position)
             failed.add(
                 ItemOutcome(call.job_id, index, _safe_id(index, call.inputs[position]), error=error), delivery
             )
-        if failed.outcomes:
+        if len(failed):
             self.storer.work.put(failed)
+
+
+# A run of a message's items for one lane: (model, lane, items in index order).
+Run = tuple[str, str, list[Item]]
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A message's items that passed the check: their positions, checked forms and user ids."""
+
+    positions: list[int]
+    values: list[Any]
+    ids: list[str | None]
+
+
+def _prepared(model: Model, checked: list[Any]) -> tuple[list[Any], list[int] | None]:
+    """The payloads ``model.prepare`` makes of ``checked``, and their lengths (None: 1 each, the default
+    prepare's, which is skipped: it would make an object per item only to say so)."""
+    if type(model).prepare is Model.prepare:
+        return checked, None
+    prepared = model.prepare(checked)
+    if len(prepared) != len(checked):
+        raise RuntimeError(f"prepare returned {len(prepared)} payloads for {len(checked)} items")
+    return [ready.payload for ready in prepared], [ready.length for ready in prepared]
+
+
+def _by_position(positions: list[int], values: list[Any], size: int) -> list[Any]:
+    full: list[Any] = [None] * size
+    for position, value in zip(positions, values, strict=True):
+        full[position] = value
+    return full
+
+
+def _ids_by_position(
+    positions: list[int], ids: list[str | None], size: int, every: bool
+) -> list[str | None] | None:
+    if all(ident is None for ident in ids):
+        return None
+    return ids if every else _by_position(positions, ids, size)
 
 
 def _decoded(message: Any) -> Any:

@@ -75,7 +75,7 @@ def delivered(message: Message) -> None:
 def batch_ran(record: BatchRecord, report: Report) -> None:
     """A batch ran on the model (engine's run thread)."""
     lane = (record.model, record.lane)
-    failed = any(outcome.error is not None for outcome in report.outcomes)
+    failed = report.failed
     BATCHES.labels(*lane, "error" if failed else "ok").inc()
     BATCH_SIZE.labels(*lane).observe(record.size)
     if record.padded_tokens > 0:
@@ -89,12 +89,17 @@ def batch_ran(record: BatchRecord, report: Report) -> None:
 def items_stored(write: Outcomes) -> None:
     """A write's outcomes were committed (store thread)."""
     tally: Tally[tuple[str, str, str]] = Tally()
-    for delivery, outcome in zip(write.deliveries, write.outcomes, strict=False):
+    errors, start = write.columns.errors, 0
+    for delivery, count in write.runs:
         call = delivery.call
         if call is not None:
-            tally[call.model, call.priority, "ok" if outcome.error is None else "error"] += 1
+            failed = count - errors[start : start + count].count(None)
+            tally[call.model, call.priority, "ok"] += count - failed
+            tally[call.model, call.priority, "error"] += failed
+        start += count
     for labels, count in tally.items():
-        ITEMS.labels(*labels).inc(count)
+        if count:
+            ITEMS.labels(*labels).inc(count)
 
 
 class WorkerState(Collector):

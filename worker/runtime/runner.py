@@ -25,9 +25,20 @@ NO_OUTPUT = Outcome(error="the model returned no output (None) for this item")
 
 @dataclass
 class Report:
-    outcomes: list[Outcome] = field(default_factory=list)
+    """One outcome per payload, as two columns: ``outputs[i]`` or ``errors[i]`` is set, never both."""
+
+    outputs: list[Any] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
     out_of_memory_at: int | None = None  # size of the largest sub-batch that ran out of memory
     largest_ok: int = 0  # size of the largest sub-batch that ran
+
+    @property
+    def outcomes(self) -> list[Outcome]:
+        return [Outcome(output, error) for output, error in zip(self.outputs, self.errors, strict=True)]
+
+    @property
+    def failed(self) -> bool:
+        return any(error is not None for error in self.errors)
 
 
 def error_text(exc: BaseException) -> str:
@@ -71,7 +82,13 @@ def _run(
         error, out_of_memory = error_text(exc), is_out_of_memory(exc)
     if error is None:
         report.largest_ok = max(report.largest_ok, len(payloads))
-        report.outcomes += [NO_OUTPUT if output is None else Outcome(output=output) for output in outputs]
+        outputs = list(outputs)
+        if any(output is None for output in outputs):
+            report.outputs += outputs
+            report.errors += [None if output is not None else NO_OUTPUT.error for output in outputs]
+        else:
+            report.outputs += outputs
+            report.errors += [None] * len(outputs)
         return
     if out_of_memory:
         # Out of the except block: the exception no longer pins the failed batch's tensors.
@@ -80,7 +97,8 @@ def _run(
         if len(payloads) == 1:
             error = f"out of memory even alone: {error}"
     if len(payloads) == 1:
-        report.outcomes.append(Outcome(error=error))
+        report.outputs.append(None)
+        report.errors.append(error)
         return
     middle = len(payloads) // 2
     _run(forward, payloads[:middle], release_memory, report)

@@ -137,7 +137,7 @@ class Storer:
 
     def _commit(self, writes: list[Outcomes]) -> None:
         try:
-            stored = self.store.write_batches([(w.record, w.outcomes, w.jobs) for w in writes])
+            stored = self.store.write_batches([(w.record, w.columns, w.jobs) for w in writes])
         except Exception as exc:
             if is_transient(exc):
                 raise
@@ -149,7 +149,7 @@ class Storer:
             for write in writes:
                 self._isolate(write)
             return
-        _note_redelivered(sum(stored.new_rows), sum(len(w.outcomes) for w in writes))
+        _note_redelivered(sum(stored.new_rows), sum(len(w) for w in writes))
         _note_refused(stored.refused_jobs)
         for write in writes:
             self._settle(write, sorted(stored.new_jobs & {spec.job_id for spec in write.jobs}))
@@ -207,18 +207,23 @@ class Storer:
             log.warning("could not record the token counts of %d running items: %s", len(counts), exc)
 
     def _settle(self, write: Outcomes, new_jobs: list[str]) -> None:
+        """Count the stored outcomes off their deliveries, a run (one message's consecutive outcomes) at a
+        time; acknowledge the deliveries that owe nothing more."""
         metrics.items_stored(write)
         done: list[Delivery] = []
         released: Counter[JobSpec] = Counter()
         suspects: list[tuple[str, int]] = []
-        for delivery, outcome in zip(write.deliveries, write.outcomes, strict=True):
-            delivery.pending -= 1
-            released[delivery.job] += 1
-            delivery.failed += outcome.error is not None
+        errors, indices, start = write.columns.errors, write.columns.indices, 0
+        for delivery, count in write.runs:
+            delivery.pending -= count
+            released[delivery.job] += count
+            delivery.failed += count - errors[start : start + count].count(None)
             if delivery.lost:
-                suspects.append((outcome.job_id, outcome.index))
+                job_id = write.columns.job_ids[start]
+                suspects += [(job_id, index) for index in indices[start : start + count]]
             if delivery.pending == 0:
                 done.append(delivery)
+            start += count
         for job, count in released.items():
             self.holdings.hold(job, -count)
         self._cleared(suspects)

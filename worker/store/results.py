@@ -7,14 +7,16 @@ a model; it takes plain values and gives plain values back. What a user's comman
 
 from __future__ import annotations
 
+import io
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from functools import lru_cache
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, insert, inspect, select, update
+from sqlalchemy import Engine, insert, inspect, select, text, update
 from sqlalchemy.engine import make_url
 
 from worker.bounds import MAX_COUNT, is_job_id
@@ -25,6 +27,7 @@ from worker.store.values import (
     UNFINISHED_STATES,
     BatchRecord,
     BatchWrite,
+    ItemColumns,
     ItemOutcome,
     JobSpec,
     JobStatus,
@@ -47,6 +50,8 @@ __all__ = [
 # Rows per query when streaming a job's results: small enough to keep memory flat for a 1M-item job,
 # large enough that the round trips don't dominate.
 RESULTS_PAGE_SIZE = 2000
+# Lines per page when PostgreSQL writes a job's results as NDJSON (result_lines): one text of a few MB.
+RESULT_LINES_PAGE_SIZE = 20_000
 _JOB = tables.jobs.c
 _INSERT_BATCH = insert(tables.batches).returning(tables.batches.c.id)
 
@@ -168,31 +173,34 @@ class ResultStore:
     def write_batches(self, batches: Sequence[BatchWrite]) -> Stored:
         """Several batches as in ``write_batch``, in ONE transaction (small batches pay one commit)."""
         specs: dict[str, JobSpec] = {}
+        columns: list[ItemColumns] = []
         for _, outcomes, jobs in batches:
             mine = {spec.job_id: spec for spec in jobs}
-            rows.check_specs(outcomes, mine)
+            given = outcomes if isinstance(outcomes, ItemColumns) else ItemColumns.of(outcomes)
+            rows.check_specs(given, mine)
             specs.update(mine)
+            columns.append(given)
         now = _utcnow()
         counts: list[int] = []
-        inserted_all: list[bulk.Row[str, str | None]] = []
+        inserted_all: bulk.Inserted = []
+        finals: list[TokenCount] = []
         with self.engine.begin() as conn:
             new_jobs = bulk.insert_jobs(conn, [rows.job_row(specs[job_id], now) for job_id in sorted(specs)])
             refused = queries.disagreeing(conn, [specs[j] for j in specs if j not in new_jobs])
-            for record, outcomes, _ in batches:
-                kept = [o for o in outcomes if o.job_id not in refused] if refused else outcomes
+            for (record, _, _), given in zip(batches, columns, strict=True):
+                kept = rows.item_rows(_without_jobs(given, refused) if refused else given)
                 batch_id = (
                     None if record is None else conn.execute(_INSERT_BATCH, asdict(record)).scalar_one()
                 )
-                inserted = bulk.insert_results(conn, rows.item_rows(kept), batch_id, now)
-                counts.append(len(inserted))
+                inserted = bulk.insert_results(conn, kept, batch_id, now)
+                counts.append(sum(done + failed for _, done, failed in inserted))
                 inserted_all.extend(inserted)
+                finals += _token_counts(kept)
             progress = rows.progress_by_job(inserted_all, now)
             if len(progress) > 1 and conn.dialect.name == "postgresql":
                 conn.execute(rows.PROGRESS_OF_MANY, {"progress": progress, "now": now})
             elif progress:
                 conn.execute(rows.PROGRESS, progress)
-            finals = [o for _, outcomes, _ in batches for o in outcomes if o.tokens is not None]
-            finals = [o for o in finals if o.job_id not in refused]
             bulk.upsert_generated_tokens(conn, rows.token_rows(finals, final=True, now=now))
         return Stored(counts, frozenset(new_jobs), frozenset(refused))
 
@@ -228,6 +236,32 @@ class ResultStore:
             if len(page) < RESULTS_PAGE_SIZE:
                 return
             page_query = query.where(column.item_index > page[-1].item_index)
+
+    def result_lines(self, job_id: str, after: int = -1, limit: int | None = None) -> Iterator[bytes]:
+        """The job's stored outcomes of index above ``after`` (at most ``limit``) as NDJSON lines, as
+        ``worker.jsonl.write_results`` writes them, in chunks of whole lines ending in a newline.
+
+        PostgreSQL writes the lines itself, a page to one text (a stored output is JSON text already, so it
+        is never decoded and encoded again, and no Python object is made per row); a page is its own short
+        query, as in ``results``. SQLite: the rows through ``results``.
+        """
+        if self.engine.dialect.name != "postgresql":
+            yield from _lines_of(self.results(job_id, after), limit)
+            return
+        left = limit
+        while left is None or left > 0:
+            size = RESULT_LINES_PAGE_SIZE if left is None else min(left, RESULT_LINES_PAGE_SIZE)
+            with client_errors(self.url), self.engine.connect() as conn:
+                last, lines, count = conn.execute(
+                    _RESULT_LINES, {"job_id": job_id, "after": after, "size": size}
+                ).one()
+            if not count:
+                return
+            yield lines.encode() + b"\n"
+            if count < size:
+                return
+            after = last
+            left = None if left is None else left - count
 
     def recent_batches(self, job_id: str | None = None, limit: int = 20) -> list[BatchRecord]:
         """The newest batches first, all of them or only those that carried items of ``job_id``."""
@@ -312,6 +346,47 @@ class ResultStore:
         with client_errors(self.url):  # a file SQLite cannot use (read-only, a stale -wal) is one line
             migrate(self.url)
         self._schema_checked = True
+
+
+def _without_jobs(columns: ItemColumns, jobs: Collection[str]) -> ItemColumns:
+    """The rows of ``columns`` not of ``jobs``."""
+    return ItemColumns.of([o for o in columns.outcomes() if o.job_id not in jobs])
+
+
+def _token_counts(columns: ItemColumns) -> list[TokenCount]:
+    """The final token counts these rows carry (generating models)."""
+    if columns.tokens is None:
+        return []
+    rows = zip(columns.job_ids, columns.indices, columns.tokens, strict=True)
+    return [TokenCount(job_id, index, tokens) for job_id, index, tokens in rows if tokens is not None]
+
+
+# One page of a job's results as NDJSON lines in one text, written by PostgreSQL as orjson writes them
+# ({"index":0,"id":"a","output":...} or "error" for "output"); the last index, the lines, their count.
+_RESULT_LINES = text(
+    f"""SELECT max(item_index), string_agg(line, E'\\n' ORDER BY item_index), count(*)
+    FROM (
+        SELECT item_index,
+               '{{"index":' || item_index || ',"id":' || coalesce(to_json(item_id)::text, 'null')
+               || CASE WHEN error IS NULL THEN ',"output":' || coalesce(output::text, 'null')
+                       ELSE ',"error":' || to_json(error)::text END
+               || '}}' AS line
+        FROM {tables.results.name}
+        WHERE job_id = :job_id AND item_index > :after
+        ORDER BY item_index
+        LIMIT :size
+    ) AS page"""
+)
+
+
+def _lines_of(outcomes: Iterator[ItemOutcome], limit: int | None) -> Iterator[bytes]:
+    from worker.jsonl import write_results
+
+    outcomes = islice(outcomes, limit)
+    while chunk := list(islice(outcomes, 1000)):
+        out = io.BytesIO()
+        write_results(out, chunk)
+        yield out.getvalue()
 
 
 def _utcnow() -> datetime:

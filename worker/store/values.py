@@ -53,6 +53,66 @@ class ItemOutcome:
         )
 
 
+@dataclass(slots=True)
+class ItemColumns:
+    """Outcomes of many items as columns, row i being item i: what a worker hands the store by the
+    thousand, without an object per item. Each row has exactly one of output and error, as ItemOutcome."""
+
+    job_ids: list[str] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)
+    item_ids: list[str | None] = field(default_factory=list)
+    outputs: list[Any] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+    tokens: list[int | None] | None = None  # None: no row has a token count
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def append(self, outcome: ItemOutcome) -> None:
+        if outcome.tokens is not None and self.tokens is None:
+            self.tokens = [None] * len(self.indices)
+        self.job_ids.append(outcome.job_id)
+        self.indices.append(outcome.index)
+        self.item_ids.append(outcome.item_id)
+        self.outputs.append(outcome.output)
+        self.errors.append(outcome.error)
+        if self.tokens is not None:
+            self.tokens.append(outcome.tokens)
+
+    def extend(
+        self,
+        job_id: str,
+        indices: list[int],
+        item_ids: list[str | None],
+        outputs: list[Any],
+        errors: list[str | None],
+    ) -> None:
+        """Rows of one job (no token counts)."""
+        self.job_ids += [job_id] * len(indices)
+        self.indices += indices
+        self.item_ids += item_ids
+        self.outputs += outputs
+        self.errors += errors
+        if self.tokens is not None:
+            self.tokens += [None] * len(indices)
+
+    @staticmethod
+    def of(outcomes: Sequence[ItemOutcome]) -> ItemColumns:
+        columns = ItemColumns()
+        for outcome in outcomes:
+            columns.append(outcome)
+        return columns
+
+    def outcomes(self) -> list[ItemOutcome]:
+        tokens = self.tokens or [None] * len(self.indices)
+        return [
+            ItemOutcome(*row)
+            for row in zip(
+                self.job_ids, self.indices, self.item_ids, self.outputs, self.errors, tokens, strict=True
+            )
+        ]
+
+
 @dataclass(frozen=True, slots=True)
 class BatchRecord:
     """One forward pass: its model and lane, its size in items and tokens, and its timings."""
@@ -70,7 +130,7 @@ class BatchRecord:
 
 # One batch to store: its record (None for outcomes that never reached a model), its outcomes, and a JobSpec
 # for every job among them (a job row still missing is created from it).
-BatchWrite = tuple["BatchRecord | None", Sequence["ItemOutcome"], Sequence["JobSpec"]]
+BatchWrite = tuple["BatchRecord | None", "Sequence[ItemOutcome] | ItemColumns", Sequence["JobSpec"]]
 
 
 @dataclass(frozen=True, slots=True)
