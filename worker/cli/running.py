@@ -39,9 +39,9 @@ CHECK_CHUNK = 2_000
 STEP_S = 0.05
 # How often the results that arrived are read: often enough to write as they come, rarely enough that each
 # read takes many rows (a read costs about as much as a thousand rows; the worker's threads want the GIL).
-READ_EVERY_S = 0.1
+READ_EVERY_S = 0.25
 # How often the job's status is read for the progress bar and for a job finished by someone else.
-STATUS_EVERY_S = 0.5
+STATUS_EVERY_S = 1.0
 # How often the state file records how far publishing got: a resumed run sends again what it sent since
 # (a worker stores a result once, however often its item comes): this bounds repeated work, not results.
 SAVE_EVERY_S = 1.0
