@@ -49,6 +49,10 @@ router = APIRouter(prefix="/v1", responses=error_responses(401, 422), tags=["ope
 Caller = Annotated[ApiKey, Depends(caller)]
 Served = Annotated[Backend, Depends(backend)]
 
+# File and batch ids are ours ("file-...", "batch_..."): anything else is no such object (never sent to the
+# database, which refuses some characters outright, NUL above all).
+ID_PATTERN = r"^[A-Za-z0-9_\-]{1,64}$"
+_ID = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 READ_BYTES = 2**20  # an upload is copied to the store a MiB at a time
 MAX_METADATA_KEYS = 16
 _WINDOW = re.compile(r"^([1-9][0-9]{0,5})([smh])$")
@@ -98,7 +102,7 @@ async def upload_file(
     size = file.size if file.size is not None else 0
     if size > settings.api_max_file_bytes:
         raise HTTPException(413, _file_too_large(settings.api_max_file_bytes))
-    name = (file.filename or "upload.jsonl")[:255]
+    name = "".join(c for c in (file.filename or "") if c.isprintable())[:255] or "upload.jsonl"
     record = FileRecord(f"file-{uuid.uuid4().hex}", key.tenant, name, "batch", 0, utcnow())
     stored = await run_in_threadpool(oai.files.create, record, _read(file.file, settings.api_max_file_bytes))
     return file_object(stored)
@@ -121,8 +125,8 @@ def _file_too_large(limit: int) -> str:
 def list_files(
     key: Caller,
     oai: Surface,
-    purpose: str | None = None,
-    after: Annotated[str | None, Query(max_length=64)] = None,
+    purpose: Annotated[str | None, Query(pattern=r"^[a-z_\-]{1,32}$")] = None,
+    after: Annotated[str | None, Query(pattern=ID_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
     order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
 ) -> FileList:
@@ -168,7 +172,7 @@ def delete_file(file_id: str, key: Caller, oai: Surface) -> FileDeleted:
 
 
 def _file(oai: OpenAISurface, file_id: str, key: ApiKey) -> FileRecord:
-    record = oai.files.get(file_id, key.tenants)
+    record = oai.files.get(file_id, key.tenants) if _ID.fullmatch(file_id) else None
     if record is None:
         raise HTTPException(404, f"no file {file_id[:80]}")
     return record
@@ -193,7 +197,7 @@ def create_batch(body: BatchCreate, key: Caller, oai: Surface) -> BatchObject:
     that ends ``failed`` with ``errors`` naming the lines, not a 4xx."""
     window_s = _window_s(body.completion_window)
     _check_metadata(body.metadata)
-    if oai.files.get(body.input_file_id, [key.tenant]) is None:
+    if not _ID.fullmatch(body.input_file_id) or oai.files.get(body.input_file_id, [key.tenant]) is None:
         raise HTTPException(404, f"no file {body.input_file_id}")
     limits.admit(oai.served, key.tenant, 0)
     now = utcnow()
@@ -237,7 +241,7 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
 def list_batches(
     key: Caller,
     oai: Surface,
-    after: Annotated[str | None, Query(max_length=64)] = None,
+    after: Annotated[str | None, Query(pattern=ID_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
     """The tenant's batches, newest first; pass the last id as ``after`` for the next page."""
@@ -260,14 +264,14 @@ def get_batch(batch_id: str, key: Caller, oai: Surface) -> BatchObject:
 @router.post("/batches/{batch_id}/cancel", response_model=BatchObject, responses=error_responses(404))
 def cancel_batch(batch_id: str, key: Caller, oai: Surface) -> BatchObject:
     """validating or in_progress -> cancelling -> cancelled (finished lines stay in the output file)."""
-    _batch(oai, batch_id, key)
+    _batch(oai, batch_id, key)  # 404 first, for an id that is not a batch of this tenant
     if oai.batches.request_cancel(batch_id, key.tenants):
         oai.runner.kick()
     return _batch(oai, batch_id, key)
 
 
 def _batch(oai: OpenAISurface, batch_id: str, key: ApiKey) -> BatchObject:
-    row = oai.batches.get(batch_id, key.tenants)
+    row = oai.batches.get(batch_id, key.tenants) if _ID.fullmatch(batch_id) else None
     if row is None:
         raise HTTPException(404, f"no batch {batch_id[:80]}")
     return batch_object(oai, row)
