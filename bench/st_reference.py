@@ -46,7 +46,9 @@ def classify(directory: str, texts: list[str]) -> list[object]:
     from transformers import pipeline
 
     pipe = pipeline("text-classification", model=directory, top_k=None, device="cpu")
-    return [{row["label"]: row["score"] for row in rows} for rows in pipe(texts, batch_size=32)]
+    # truncation=True: the pipeline truncates at the tokenizer's limit only when asked (it fails otherwise).
+    results = pipe(texts, batch_size=32, truncation=True)
+    return [{row["label"]: row["score"] for row in rows} for rows in results]
 
 
 if __name__ == "__main__":

@@ -396,3 +396,12 @@ def test_tune_sweeps_backends_and_applies_one_that_meets_min_cosine(
     model = model_class("e", settings)(settings)
     model.load("cpu")
     assert (model.backend, model.precision) == (result["backend"], result["precision"])
+
+
+def test_a_limit_over_xlm_robertas_offset_positions_is_cut_to_what_they_hold(root: Path) -> None:
+    # 64 positions, ids from padding_idx + 1 = 2: 62 tokens fit (sentence-transformers fails on more).
+    directory = ck.sentence_transformer(root / "xlmr-64", "xlm-roberta", max_seq_length=64)
+    model = loaded(root, f"embed:{directory}", backend="torch")
+    assert model.max_length == 62
+    (vector,) = run(model, [" ".join(ck.CORPUS * 3)])
+    assert np.isfinite(vector).all()

@@ -32,6 +32,12 @@ log = logging.getLogger(__name__)
 
 ONNX_OPSET = 17
 ONNX_PRECISIONS = ("fp32", "int8")
+# Architectures whose position ids start at padding_idx + 1, so max_position_embeddings overstates the limit
+# (XLM-RoBERTa: 514 positions, 512 tokens). sentence-transformers caps at the positions alone and fails on
+# inputs between the two; here they are truncated.
+OFFSET_POSITIONS = frozenset(
+    {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "data2vec-text"}
+)
 # A tokenizer without a limit of its own says so with a huge model_max_length; positions cap it then.
 UNLIMITED = 10**6
 
@@ -56,6 +62,8 @@ def load_tokenizer(
     except Exception as exc:
         raise CheckpointError(f"{model_dir}: cannot load the tokenizer ({_first_line(exc)})") from None
     positions = int(config.get("max_position_embeddings") or UNLIMITED)
+    if config.get("model_type") in OFFSET_POSITIONS:  # position ids start after the padding index
+        positions -= int(config.get("pad_token_id") or 0) + 1
     own = int(min(tokenizer.model_max_length, UNLIMITED))
     limit = min(option_limit or layout_limit or own, positions)
     backend = tokenizer.backend_tokenizer
