@@ -12,6 +12,7 @@ import logging
 import queue
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -19,7 +20,7 @@ import orjson
 from worker.batching.scheduler import Item
 from worker.calls import InferCall, check_item, item_id, parse_message
 from worker.errors import InvalidInput
-from worker.models.base import Model
+from worker.models.base import Model, StepModel
 from worker.runtime.deliveries import Delivery, Outcomes, Pack, Refusal
 from worker.runtime.journal import DEATHS_ERROR
 from worker.runtime.loaded_models import ISOLATED
@@ -205,9 +206,13 @@ class Intake:
         if lengths is None:
             run = [Item(job_id, index, 1, now, pack) for index in indices]
         else:
-            run = [
+            # Shortest first: a message's items arrive together, and taken in this order each batch cut from
+            # a bucket holds the closest lengths (the producer ordered them only by characters). A model run
+            # step by step admits its items one at a time, in the message's order.
+            made = (
                 Item(job_id, index, length, now, pack) for index, length in zip(indices, lengths, strict=True)
-            ]
+            )
+            run = list(made) if isinstance(model, StepModel) else sorted(made, key=attrgetter("length"))
         if isolated:
             items.append(
                 (call.model, ISOLATED, [item for item in run if pack.position(item.index) in isolated])
