@@ -190,3 +190,14 @@ def _tokens(store: ResultStore, job: JobSpec) -> tuple[int | None, int | None]:
     status = store.status(job.job_id)
     assert status is not None
     return status.generated_tokens, status.running_tokens
+
+
+def test_generated_text_with_nul_and_every_escape_is_stored_intact(store: ResultStore) -> None:
+    # A causal LM may generate any character: U+0000 (which PostgreSQL's jsonb and text refuse), other
+    # control characters, lone surrogates' neighbours, and backslashes that look like escapes.
+    job = new_job(total=2)
+    store.create_job(job)
+    text = "a\x00b\x01\\u0000\t\"\U0001f600\x7f"
+    outputs = [{"text": text, "tokens": 9, "finish_reason": "length"}, "\x00"]
+    write(store, job, [ItemOutcome(job.job_id, i, None, output=output) for i, output in enumerate(outputs)])
+    assert [outcome.output for outcome in store.results(job.job_id)] == outputs

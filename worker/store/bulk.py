@@ -89,7 +89,7 @@ def _postgresql_jobs_statement(fields: tuple[str, ...]) -> Insert:
     )
 
 
-def _postgresql_results_statement() -> Insert:
+def _postgresql_results_statement(quoted_output: bool = False) -> Insert:
     # The whole batch travels as one JSON array that json_populate_recordset turns into result rows:
     # one short statement psycopg parses once, one parameter orjson writes in one call. A multi-row
     # VALUES (7 parameters a row) measured 11k rows/s here, mostly psycopg re-parsing a long query it
@@ -102,8 +102,11 @@ def _postgresql_results_statement() -> Insert:
         .table_valued(*ITEM_FIELDS)
         .alias("item")
     )
+    # quoted_output: each output arrives as its own JSON text inside a JSON string, unquoted here into the
+    # json column (see _insert_results_postgresql).
+    output = func.cast(items.c.output.op("#>>")(literal_column("'{}'")), JSON) if quoted_output else None
     rows = select(
-        *(items.c[name] for name in ITEM_FIELDS),
+        *(output if quoted_output and name == "output" else items.c[name] for name in ITEM_FIELDS),
         bindparam("batch_id", type_=Integer()),
         bindparam("created_at", type_=UtcDateTime()),
     )
@@ -119,8 +122,40 @@ def _postgresql_results_statement() -> Insert:
 def _insert_results_postgresql(
     conn: Connection, items: list[dict[str, Any]], batch_id: int | None, created_at: datetime
 ) -> Inserted:
-    params = {"items": items, "batch_id": batch_id, "created_at": created_at}
-    return conn.execute(_POSTGRESQL_RESULTS, params).all()
+    # PostgreSQL parses the whole array to populate the records and refuses a \u0000 escape on the way
+    # (it can turn none into text), though a json column keeps it: a generated text may hold U+0000. The
+    # rare rows whose output holds one send that output's JSON text as a JSON string instead, unquoted
+    # into the column by a second statement, so the escape stays six characters until it is read back.
+    with_nul = [item for item in items if _holds_nul(item["output"])]
+    if not with_nul:
+        params = {"items": items, "batch_id": batch_id, "created_at": created_at}
+        return conn.execute(_POSTGRESQL_RESULTS, params).all()
+    plain = [item for item in items if not _holds_nul(item["output"])]
+    quoted = [{**item, "output": _json_text(item["output"])} for item in with_nul]
+    inserted = list(conn.execute(_POSTGRESQL_RESULTS, _params(plain, batch_id, created_at)).all()) if plain else []
+    return inserted + list(conn.execute(_POSTGRESQL_QUOTED_RESULTS, _params(quoted, batch_id, created_at)).all())
+
+
+def _params(items: list[dict[str, Any]], batch_id: int | None, created_at: datetime) -> dict[str, Any]:
+    return {"items": items, "batch_id": batch_id, "created_at": created_at}
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a JSON-able output holds U+0000 in any string (keys included); arrays of numbers are skipped
+    at the cost of one look at their type."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(key) or _holds_nul(item) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(item) for item in value if not isinstance(item, int | float))
+    return False
+
+
+def _json_text(value: Any) -> str:
+    from worker.store.db import _json_dumps
+
+    return _json_dumps(value)
 
 
 def _insert_results_sqlite(
@@ -141,6 +176,7 @@ _JOB_INSERTS = {
     for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
 }
 _POSTGRESQL_RESULTS = _postgresql_results_statement()
+_POSTGRESQL_QUOTED_RESULTS = _postgresql_results_statement(quoted_output=True)
 _SQLITE_RESULTS = (
     sqlite.insert(tables.results)
     .on_conflict_do_nothing(index_elements=_RESULT_KEY)
