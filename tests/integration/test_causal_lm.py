@@ -88,7 +88,9 @@ def reference_ids(checkpoint: Path, items: Sequence[dict]) -> list[list[int]]:
     outputs = []
     for item in items:
         if "messages" in item:
-            ids = tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True, return_dict=True)
+            ids = tokenizer.apply_chat_template(
+                item["messages"], add_generation_prompt=True, return_dict=True
+            )
             ids = torch.tensor([ids["input_ids"]])
         else:
             ids = torch.tensor([tokenizer(item["prompt"])["input_ids"]])
@@ -128,11 +130,15 @@ def test_outputs_are_the_pipelines_text(architecture: str, tiny_checkpoints: dic
     expected_ids = reference_ids(checkpoint, ITEMS)
     for item, done, ids in zip(ITEMS, finished(model, ITEMS), expected_ids, strict=True):
         text_in = item.get("prompt") or item["messages"]
-        reference = generator(text_in, max_new_tokens=item["max_new_tokens"], do_sample=False, return_full_text=False)
+        reference = generator(
+            text_in, max_new_tokens=item["max_new_tokens"], do_sample=False, return_full_text=False
+        )
         text = reference[0]["generated_text"]
         if "messages" in item:
             text = text[-1]["content"] if isinstance(text, list) else text
-            rendered = tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True, return_dict=True)
+            rendered = tokenizer.apply_chat_template(
+                item["messages"], add_generation_prompt=True, return_dict=True
+            )
             prompt_tokens = len(rendered["input_ids"])
         else:
             prompt_tokens = len(tokenizer(item["prompt"])["input_ids"])

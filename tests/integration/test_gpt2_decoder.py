@@ -19,9 +19,9 @@ from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos, with_pytorch_b
 from worker.batching.sequences import Generation
 from worker.errors import InvalidInput
 from worker.models.batched_runs import Request, run_continuous, run_static
-from worker.models.device import resolve_device
 from worker.models.causal_lm import GPT2
 from worker.models.causal_lm.inputs import Prompt
+from worker.models.device import resolve_device
 from worker.settings import Settings
 
 DEVICE = resolve_device("auto")

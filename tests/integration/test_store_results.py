@@ -197,7 +197,7 @@ def test_generated_text_with_nul_and_every_escape_is_stored_intact(store: Result
     # control characters, lone surrogates' neighbours, and backslashes that look like escapes.
     job = new_job(total=2)
     store.create_job(job)
-    text = "a\x00b\x01\\u0000\t\"\U0001f600\x7f"
+    text = 'a\x00b\x01\\u0000\t"\U0001f600\x7f'
     outputs = [{"text": text, "tokens": 9, "finish_reason": "length"}, "\x00"]
     write(store, job, [ItemOutcome(job.job_id, i, None, output=output) for i, output in enumerate(outputs)])
     assert [outcome.output for outcome in store.results(job.job_id)] == outputs

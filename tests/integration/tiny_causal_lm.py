@@ -76,7 +76,9 @@ def _add_frequent_eos(directory: Path, model: object, tokenizer: object) -> None
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Every architecture's checkpoint, and gpt2 (the tiny GPT-2 with the chat template added)."""
-    built = {name: build_tiny_causal_lm(tmp_path_factory.mktemp(f"tiny_{name}"), name) for name in ARCHITECTURES}
+    built = {
+        name: build_tiny_causal_lm(tmp_path_factory.mktemp(f"tiny_{name}"), name) for name in ARCHITECTURES
+    }
     gpt2 = build_tiny_gpt2(tmp_path_factory.mktemp("tiny_gpt2_chat"))
     config = json.loads((gpt2 / "tokenizer_config.json").read_text())
     (gpt2 / "chat_template.jinja").write_text(CHAT_TEMPLATE)

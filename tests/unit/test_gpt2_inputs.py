@@ -82,10 +82,13 @@ def test_max_new_tokens_is_bounded_by_the_checkpoint_context(tmp_path: Path) -> 
 def test_importing_and_validating_does_not_load_torch() -> None:
     code = (
         "import sys\n"
-        "import worker.models.gpt2\n"
+        "import worker.models.causal_lm\n"
         "from worker.models.registry import model_class\n"
         "from worker.settings import Settings\n"
         "model_class('gpt2', Settings()).validate(0, {'prompt': 'Hi', 'max_new_tokens': 3}, Settings())\n"
+        "entry = 'generate:/models/absent'\n"
+        "chat = {'messages': [{'role': 'user', 'content': 'Hi'}], 'max_new_tokens': 3}\n"
+        "model_class(entry, Settings(models=[entry])).validate(0, chat, Settings(models=[entry]))\n"
         "heavy = [m for m in ('torch', 'transformers', 'tokenizers', 'safetensors') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

@@ -104,9 +104,12 @@ def _postgresql_results_statement(quoted_output: bool = False) -> Insert:
     )
     # quoted_output: each output arrives as its own JSON text inside a JSON string, unquoted here into the
     # json column (see _insert_results_postgresql).
-    output = func.cast(items.c.output.op("#>>")(literal_column("'{}'")), JSON) if quoted_output else None
+    columns: list[Any] = [items.c[name] for name in ITEM_FIELDS]
+    if quoted_output:
+        unquoted = items.c.output.op("#>>")(literal_column("'{}'"))
+        columns[ITEM_FIELDS.index("output")] = func.cast(unquoted, JSON)
     rows = select(
-        *(output if quoted_output and name == "output" else items.c[name] for name in ITEM_FIELDS),
+        *columns,
         bindparam("batch_id", type_=Integer()),
         bindparam("created_at", type_=UtcDateTime()),
     )
@@ -132,8 +135,12 @@ def _insert_results_postgresql(
         return conn.execute(_POSTGRESQL_RESULTS, params).all()
     plain = [item for item in items if not _holds_nul(item["output"])]
     quoted = [{**item, "output": _json_text(item["output"])} for item in with_nul]
-    inserted = list(conn.execute(_POSTGRESQL_RESULTS, _params(plain, batch_id, created_at)).all()) if plain else []
-    return inserted + list(conn.execute(_POSTGRESQL_QUOTED_RESULTS, _params(quoted, batch_id, created_at)).all())
+    inserted = (
+        list(conn.execute(_POSTGRESQL_RESULTS, _params(plain, batch_id, created_at)).all()) if plain else []
+    )
+    return inserted + list(
+        conn.execute(_POSTGRESQL_QUOTED_RESULTS, _params(quoted, batch_id, created_at)).all()
+    )
 
 
 def _params(items: list[dict[str, Any]], batch_id: int | None, created_at: datetime) -> dict[str, Any]:

@@ -13,7 +13,7 @@ It must never keep state between calls: the layout of a step comes in with every
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +40,9 @@ class Step:
     per sequence, each attending over its cached tokens in ``groups``."""
 
     pool: PagePool
-    slots: torch.Tensor  # [tokens]: where each new token's key and value go in the pool (page * size + offset)
+    slots: (
+        torch.Tensor
+    )  # [tokens]: where each new token's key and value go in the pool (page * size + offset)
     groups: tuple[DecodeGroup, ...] = ()  # empty: a prefill
 
     @property
@@ -72,7 +74,7 @@ def paged_attention(
         raise RuntimeError("batchwork_paged attention runs only inside CausalLM's steps")
     if kwargs.get("s_aux") is not None:
         raise ValueError("attention sinks (s_aux) are not supported by batchwork's paged attention")
-    step, layer = batchwork, module.layer_idx
+    step, layer = batchwork, cast(int, module.layer_idx)
     window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
     keys, values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [tokens, kv_heads, dim]
     step.pool.write_slots(layer, step.slots, keys, values)
@@ -109,7 +111,8 @@ def _decode(
     window: int | None,
     softcap: float | None,
 ) -> torch.Tensor:
-    """query [rows, heads, 1, dim] over each row's cached keys (this token's included) -> [1, rows, heads, dim]."""
+    """query [rows, heads, 1, dim] over each row's cached keys (this token's included) ->
+    [1, rows, heads, dim]."""
     out = None if len(step.groups) == 1 else torch.empty_like(query)
     for group in step.groups:
         keys, values = step.pool.gather(layer, group.table, group.length)
@@ -143,7 +146,9 @@ def _attend(
     # Soft-capped scores (Gemma 2): SDPA cannot cap, so the eager formula, as transformers' eager runs it.
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(query, key.transpose(2, 3)) * (scale if scale is not None else query.shape[-1] ** -0.5)
+    scores = torch.matmul(query, key.transpose(2, 3)) * (
+        scale if scale is not None else query.shape[-1] ** -0.5
+    )
     scores = torch.tanh(scores / softcap) * softcap
     if causal:
         length = query.shape[2]

@@ -72,7 +72,7 @@ class PagePool:
         self.values[layer].flatten(0, 1).index_copy_(0, slots, values)
 
     def write_slots(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store the keys and values [n, heads, dim] of n tokens at flat slots (page * page_tokens + offset)."""
+        """Store the keys and values [n, heads, dim] of n tokens at flat slots (page * size + offset)."""
         self.keys[layer].flatten(0, 1).index_copy_(0, slots, keys)
         self.values[layer].flatten(0, 1).index_copy_(0, slots, values)
 

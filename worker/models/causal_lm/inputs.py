@@ -1,4 +1,5 @@
-"""Generation requests: the checks every item passes before it is queued, and the payload a checked one becomes.
+"""Generation requests: the checks every item passes before it is queued, and the payload a checked one
+becomes.
 
 It must never import torch or a tokenizer: producers and the API run ``check_request`` on every item, so
 it stays cheap. Token counts and chat templates are applied later, by ``CausalLM.prepare``, once a
@@ -103,7 +104,9 @@ def _has_chat_template(path: Path) -> bool:
 def check_request(index: int, item: object, max_chars: int, checkpoint: Checkpoint) -> Request:
     """The checked fields of ``item``, or InvalidInput naming the item and the field."""
     if not isinstance(item, dict):
-        raise InvalidInput("expected an object with fields 'prompt' (or 'messages') and 'max_new_tokens'", index)
+        raise InvalidInput(
+            "expected an object with fields 'prompt' (or 'messages') and 'max_new_tokens'", index
+        )
     unknown = sorted(str(name) for name in item if name not in FIELDS)
     if unknown:
         raise InvalidInput(f"unknown field {unknown[0]!r} (known: {', '.join(FIELDS)})", index)
@@ -112,7 +115,9 @@ def check_request(index: int, item: object, max_chars: int, checkpoint: Checkpoi
     messages = None
     if "messages" in item:
         if not checkpoint.has_chat_template:
-            raise InvalidInput("field 'messages': the model's tokenizer has no chat template; send 'prompt'", index)
+            raise InvalidInput(
+                "field 'messages': the model's tokenizer has no chat template; send 'prompt'", index
+            )
         messages = _messages(index, item["messages"], max_chars)
     return Request(
         prompt=None if messages is not None else _prompt(index, item, max_chars),
@@ -130,7 +135,9 @@ def _prompt(index: int, item: dict, max_chars: int) -> str:
     if not prompt.strip():
         raise InvalidInput("field 'prompt' is empty", index)
     if len(prompt) > max_chars:
-        raise InvalidInput(f"field 'prompt' has {len(prompt)} characters, over the limit of {max_chars}", index)
+        raise InvalidInput(
+            f"field 'prompt' has {len(prompt)} characters, over the limit of {max_chars}", index
+        )
     return prompt
 
 
@@ -138,7 +145,9 @@ def _messages(index: int, messages: object, max_chars: int) -> tuple[tuple[str, 
     if not isinstance(messages, list) or not messages:
         raise InvalidInput("field 'messages' must be a non-empty list of {role, content} objects", index)
     if len(messages) > MAX_MESSAGES:
-        raise InvalidInput(f"field 'messages' has {len(messages)} messages, over the limit of {MAX_MESSAGES}", index)
+        raise InvalidInput(
+            f"field 'messages' has {len(messages)} messages, over the limit of {MAX_MESSAGES}", index
+        )
     checked, chars = [], 0
     for number, message in enumerate(messages):
         where = f"messages[{number}]"
@@ -146,7 +155,9 @@ def _messages(index: int, messages: object, max_chars: int) -> tuple[tuple[str, 
             raise InvalidInput(f"field '{where}' must be an object with exactly 'role' and 'content'", index)
         role, content = message["role"], message["content"]
         if not isinstance(role, str) or not role or not isinstance(content, str):
-            raise InvalidInput(f"field '{where}': 'role' must be a non-empty string, 'content' a string", index)
+            raise InvalidInput(
+                f"field '{where}': 'role' must be a non-empty string, 'content' a string", index
+            )
         chars += len(content)
         checked.append((role, content))
     if chars > max_chars:
@@ -190,7 +201,9 @@ def _stop(index: int, item: dict) -> tuple[str, ...]:
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise InvalidInput("field 'stop' must be a list of non-empty strings", index)
     if len(stop) > MAX_STOP_STRINGS:
-        raise InvalidInput(f"field 'stop' has {len(stop)} strings, over the limit of {MAX_STOP_STRINGS}", index)
+        raise InvalidInput(
+            f"field 'stop' has {len(stop)} strings, over the limit of {MAX_STOP_STRINGS}", index
+        )
     longest = max((len(s) for s in stop), default=0)
     if longest > MAX_STOP_CHARS:
         raise InvalidInput(f"field 'stop' has a string of {longest} characters, over {MAX_STOP_CHARS}", index)

@@ -79,7 +79,9 @@ class CausalLM(StepModel):
         """The checkpoint directory, or one line naming the path and what it lacks."""
         setting = cls.checkpoint_path(settings)
         if not setting:
-            raise RuntimeError(f"model {cls.name!r} has no checkpoint directory (serve it as NAME=generate:/dir)")
+            raise RuntimeError(
+                f"model {cls.name!r} has no checkpoint directory (serve it as NAME=generate:/dir)"
+            )
         path = Path(setting).expanduser()
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{cls.name}: {setting} has no config.json (not a checkpoint directory)")
@@ -121,7 +123,9 @@ class CausalLM(StepModel):
 
         options = cast(CausalLMOptions, self.options())
         if options.precision not in DTYPES:
-            raise UnsupportedPrecision(f"{self.name}: precision {options.precision} is not one of fp32, bf16, fp16")
+            raise UnsupportedPrecision(
+                f"{self.name}: precision {options.precision} is not one of fp32, bf16, fp16"
+            )
         check_precision(options.precision, device)
         checkpoint = self.checkpoint_dir(self.settings)
         model = load_model(checkpoint, options.precision, device)
@@ -191,7 +195,9 @@ class CausalLM(StepModel):
 
     def admit(self, key: Any, payload: Any) -> None:
         if not isinstance(payload, Prompt):
-            raise TypeError(f"{type(self).__name__}.admit takes a payload from prepare, not {type(payload).__name__}")
+            raise TypeError(
+                f"{type(self).__name__}.admit takes a payload from prepare, not {type(payload).__name__}"
+            )
         generator = None
         if payload.error is None and not payload.sampling.greedy:
             generator = _loaded(self._sampling, "admit").new_generator(payload.sampling)
@@ -249,7 +255,7 @@ class CausalLM(StepModel):
     def _text(self, ids: Sequence[int]) -> str:
         # As the text-generation pipeline (return_full_text=False) decodes: the new ids, EOS included,
         # special tokens skipped.
-        return _loaded(self._decoder, "step").decode(list(ids), skip_special_tokens=True)
+        return str(_loaded(self._decoder, "step").decode(list(ids), skip_special_tokens=True))
 
     def _finished(self, generation: Generation) -> Finished:
         if generation.error is not None:

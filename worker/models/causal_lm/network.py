@@ -31,7 +31,7 @@ class Shape:
 
 
 def load_model(checkpoint: Path, precision: str, device: str) -> Any:
-    """The checkpoint as an eval-mode AutoModelForCausalLM whose attention is ours; one line if it is not one."""
+    """The checkpoint as an eval-mode AutoModelForCausalLM whose attention is ours; one line if it is not."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -40,7 +40,7 @@ def load_model(checkpoint: Path, precision: str, device: str) -> Any:
     transformers.logging.set_verbosity_error()  # no progress bars or notices in a worker's log
     transformers.logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model: Any = AutoModelForCausalLM.from_pretrained(
             str(checkpoint),
             local_files_only=True,
             trust_remote_code=False,
@@ -49,7 +49,9 @@ def load_model(checkpoint: Path, precision: str, device: str) -> Any:
         )
     except Exception as exc:  # transformers raises many kinds; the operator needs the path and the reason
         reason = " ".join(str(exc).split())[:300]
-        raise RuntimeError(f"{checkpoint}: not a causal LM transformers can load offline ({reason})") from None
+        raise RuntimeError(
+            f"{checkpoint}: not a causal LM transformers can load offline ({reason})"
+        ) from None
     finally:
         transformers.logging.set_verbosity(verbosity)
         if bars:
@@ -86,7 +88,10 @@ class Network:
         """Run one sequence's whole context from position 0, cache it, and give its last logits [1, vocab]."""
         positions = torch.arange(len(context), device=self.device)
         table = torch.tensor(pages, device=self.device)
-        slots = table[positions // self.pool.page_tokens] * self.pool.page_tokens + positions % self.pool.page_tokens
+        slots = (
+            table[positions // self.pool.page_tokens] * self.pool.page_tokens
+            + positions % self.pool.page_tokens
+        )
         step = attention.Step(self.pool, slots)
         ids = torch.tensor(context, device=self.device)
         return self._forward(ids, positions, step, keep=1)
@@ -108,7 +113,9 @@ class Network:
         step = attention.Step(self.pool, slots, groups)
         return self._forward(torch.tensor(tokens, device=self.device), at, step, keep=0)
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, step: attention.Step, keep: int) -> torch.Tensor:
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, step: attention.Step, keep: int
+    ) -> torch.Tensor:
         out = self.model(
             input_ids=ids[None],
             position_ids=positions[None],
