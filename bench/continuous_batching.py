@@ -3,8 +3,8 @@ calling transformers' generate does it, under steady arrivals, on wall time.
 
 It drives ``worker.models.causal_lm.GPT2`` (the generate kind over gpt2's ``path``) directly (no
 Celery) on a random-weight GPT-2 checkpoint it builds in a temp dir (reused by later runs), and prints
-tokens/s, request latency and a step-cost table explaining them. It never asserts and never downloads. Run from the repository root:
-``python -m bench.continuous_batching [--quick]``.
+tokens/s, request latency and a step-cost table explaining them. It never asserts and never downloads.
+Run from the repository root: ``python -m bench.continuous_batching [--quick]``.
 """
 
 from __future__ import annotations

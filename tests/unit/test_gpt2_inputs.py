@@ -25,8 +25,11 @@ OK = {"prompt": "Hello", "max_new_tokens": 5}
 @pytest.mark.parametrize(
     ("item", "message"),
     [
-        ("Hello", "item 4: expected an object with fields 'prompt' and 'max_new_tokens'"),
-        (["Hello", 5], "item 4: expected an object with fields 'prompt' and 'max_new_tokens'"),
+        ("Hello", "item 4: expected an object with fields 'prompt' (or 'messages')"),
+        (
+            ["Hello", 5],
+            "item 4: expected an object with fields 'prompt' (or 'messages')",
+        ),
         ({"max_new_tokens": 5}, "item 4: missing field 'prompt'"),
         ({**OK, "prompt": ""}, "item 4: field 'prompt' is empty"),
         ({**OK, "prompt": "  \n"}, "item 4: field 'prompt' is empty"),
@@ -48,7 +51,10 @@ OK = {"prompt": "Hello", "max_new_tokens": 5}
         ({**OK, "top_k": 2.5}, "item 4: field 'top_k' must be an integer, not 2.5"),
         ({**OK, "seed": -1}, "item 4: field 'seed' must be between 0 and 2**64-1, not -1"),
         ({**OK, "seed": "seven"}, "item 4: field 'seed' must be an integer, not str"),
-        ({**OK, "max_tokens": 5}, "item 4: unknown field 'max_tokens' (known: prompt, max_new_tokens,"),
+        (
+            {**OK, "max_tokens": 5},
+            "item 4: unknown field 'max_tokens' (known: prompt, messages,",
+        ),
     ],
 )
 def test_validation_names_the_item_and_the_problem(item: object, message: str) -> None:

@@ -51,7 +51,7 @@ class Generation:
     token_ids: tuple[int, ...] = ()
     finish_reason: str | None = None  # "eos", "stop" (the model said so) or "length"
     error: str | None = None
-    prompt: Any = None  # the payload it was admitted with (a Prompt)
+    prompt: Any = field(default=None, compare=False)  # the payload it was admitted with (a Prompt)
 
 
 @dataclass(eq=False)

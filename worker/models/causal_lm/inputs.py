@@ -110,7 +110,9 @@ def check_request(index: int, item: object, max_chars: int, checkpoint: Checkpoi
     unknown = sorted(str(name) for name in item if name not in FIELDS)
     if unknown:
         raise InvalidInput(f"unknown field {unknown[0]!r} (known: {', '.join(FIELDS)})", index)
-    if ("prompt" in item) == ("messages" in item):
+    if "prompt" not in item and "messages" not in item:
+        raise InvalidInput("missing field 'prompt' (or 'messages')", index)
+    if "prompt" in item and "messages" in item:
         raise InvalidInput("give exactly one of 'prompt' and 'messages'", index)
     messages = None
     if "messages" in item:
