@@ -1,10 +1,10 @@
 """Continuous vs static vs one-at-a-time batching of one GPT2 engine, and static batching as a server
 calling transformers' generate does it, under steady arrivals, on wall time.
 
-It drives ``worker.models.gpt2.GPT2`` directly (no Celery) on a random-weight GPT-2 checkpoint it builds in
-a temp dir (reused by later runs), and prints tokens/s, request latency and a step-cost table explaining
-them. It never asserts and never downloads. Run from the repository root:
-``python -m bench.continuous_batching [--quick]``.
+It drives ``worker.models.causal_lm.GPT2`` (the generate kind over gpt2's ``path``) directly (no
+Celery) on a random-weight GPT-2 checkpoint it builds in a temp dir (reused by later runs), and prints
+tokens/s, request latency and a step-cost table explaining them. It never asserts and never downloads.
+Run from the repository root: ``python -m bench.continuous_batching [--quick]``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 from worker.batching.sequences import Generation, pages_for
 from worker.models.batched_runs import Request, WallClock, run_continuous, run_static
-from worker.models.gpt2.inputs import Prompt
-from worker.models.gpt2.model import GPT2, PAGE_TOKENS
-from worker.models.gpt2.network import length_groups
+from worker.models.causal_lm.inputs import Prompt
+from worker.models.causal_lm.model import GPT2, PAGE_TOKENS
+from worker.models.causal_lm.network import length_groups
 from worker.settings import Settings
 
 PROMPT_TOKENS = (5, 40)
@@ -63,7 +63,7 @@ Arrival = Request[Prompt]
 class Run:
     """One policy's outcome: per request its admission and finish offsets and tokens; per step its batch,
     wall time and the cache it read (``kv_read``: each decoding row padded to the longest of its length
-    group, as GPT2Network.decode gathers it; ``kv_used``: the rows' own lengths)."""
+    group, as the network's decode gathers it; ``kv_used``: the rows' own lengths)."""
 
     policy: str
     admit_s: dict[Hashable, float] = field(default_factory=dict)
@@ -119,7 +119,7 @@ class Recorded:
         # (the KV budget holds every slot's worst case; the output prints the preemption count).
         contexts = list(self._decoding.values())
         if contexts:
-            # As GPT2Network.decode reads them: each row padded to the longest of its length group.
+            # As the network's decode reads them: each row padded to the longest of its length group.
             for group in length_groups([tokens - 1 for tokens in contexts]):
                 rows = contexts if group is None else [contexts[row] for row in group]
                 run.kv_read += len(rows) * max(rows)
@@ -541,7 +541,7 @@ def print_why(runs: Sequence[Run], arrivals: Sequence[Arrival], costs: Sequence[
     print(
         f"  cache: at batch {full.batch} a step costs {full.short_s * 1e3:.1f} ms short, "
         f"{full.long_s * 1e3:.1f} ms long, {full.mixed_s * 1e3:.1f} ms with one long among short: "
-        f"GPT2Network.decode gathers each row's pages padded to the longest of its length group (contexts "
+        f"the network's decode gathers each row's pages padded to the longest of its length group (contexts "
         f"within 2x), so attention costs about the cached tokens read; every policy generates the same "
         f"tokens from the same contexts, so this work is the same for all but the padding, which continuous "
         f"batches (long and short side by side) pay more of than static ones (whose members start together)"

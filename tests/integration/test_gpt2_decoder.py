@@ -19,9 +19,9 @@ from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos, with_pytorch_b
 from worker.batching.sequences import Generation
 from worker.errors import InvalidInput
 from worker.models.batched_runs import Request, run_continuous, run_static
+from worker.models.causal_lm import GPT2
+from worker.models.causal_lm.inputs import Prompt
 from worker.models.device import resolve_device
-from worker.models.gpt2 import GPT2
-from worker.models.gpt2.inputs import Prompt
 from worker.settings import Settings
 
 DEVICE = resolve_device("auto")
@@ -134,16 +134,20 @@ def test_outputs_are_text_token_count_and_reason(tiny_gpt2_eos: Path) -> None:  
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_gpt2_eos), local_files_only=True)
     eos = json.loads((tiny_gpt2_eos / "config.json").read_text())["eos_token_id"]
     outputs = run_continuous(model, in_order(payloads(model, greedy_items())))
+    seen: list[object] = []
     for finished, ids, (_, n, _) in zip(
         outputs, reference_ids(tiny_gpt2_eos, greedy_items()), CASES, strict=True
     ):
         by_eos = ids[-1] == eos
         assert finished.error is None
         assert finished.output == {
-            "text": tokenizer.decode(ids[:-1] if by_eos else ids, skip_special_tokens=True),
+            # As the text-generation pipeline decodes the new ids: this EOS is no special token, so it shows.
+            "text": tokenizer.decode(ids, skip_special_tokens=True),
             "tokens": len(ids),
             "finish_reason": "eos" if by_eos else "length",
+            "prompt_tokens": len(tokenizer(CASES[len(seen)][0])["input_ids"]),
         }
+        seen.append(finished)
         assert by_eos or len(ids) == n
 
 

@@ -221,3 +221,14 @@ def test_result_lines_are_the_lines_write_results_writes(
 
     assert lines == expected.getvalue()
     assert [orjson.loads(line)["index"] for line in lines.splitlines()] == list(range(after + 1, 12))[:limit]
+
+
+def test_generated_text_with_nul_and_every_escape_is_stored_intact(store: ResultStore) -> None:
+    # A causal LM may generate any character: U+0000 (which PostgreSQL's jsonb and text refuse), other
+    # control characters, lone surrogates' neighbours, and backslashes that look like escapes.
+    job = new_job(total=2)
+    store.create_job(job)
+    text = 'a\x00b\x01\\u0000\t"\U0001f600\x7f'
+    outputs = [{"text": text, "tokens": 9, "finish_reason": "length"}, "\x00"]
+    write(store, job, [ItemOutcome(job.job_id, i, None, output=output) for i, output in enumerate(outputs)])
+    assert [outcome.output for outcome in store.results(job.job_id)] == outputs

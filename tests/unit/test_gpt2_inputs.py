@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from tests.support.fresh import fresh_python
 from worker.batching.sequences import Generation, SequenceScheduler
 from worker.models.base import InvalidInput
-from worker.models.gpt2 import GPT2
-from worker.models.gpt2.inputs import Prompt
+from worker.models.causal_lm import GPT2
+from worker.models.causal_lm.inputs import Prompt
 from worker.settings import Settings
 
 MAX_CHARS = 100
@@ -25,8 +25,11 @@ OK = {"prompt": "Hello", "max_new_tokens": 5}
 @pytest.mark.parametrize(
     ("item", "message"),
     [
-        ("Hello", "item 4: expected an object with fields 'prompt' and 'max_new_tokens'"),
-        (["Hello", 5], "item 4: expected an object with fields 'prompt' and 'max_new_tokens'"),
+        ("Hello", "item 4: expected an object with fields 'prompt' (or 'messages')"),
+        (
+            ["Hello", 5],
+            "item 4: expected an object with fields 'prompt' (or 'messages')",
+        ),
         ({"max_new_tokens": 5}, "item 4: missing field 'prompt'"),
         ({**OK, "prompt": ""}, "item 4: field 'prompt' is empty"),
         ({**OK, "prompt": "  \n"}, "item 4: field 'prompt' is empty"),
@@ -48,7 +51,10 @@ OK = {"prompt": "Hello", "max_new_tokens": 5}
         ({**OK, "top_k": 2.5}, "item 4: field 'top_k' must be an integer, not 2.5"),
         ({**OK, "seed": -1}, "item 4: field 'seed' must be between 0 and 2**64-1, not -1"),
         ({**OK, "seed": "seven"}, "item 4: field 'seed' must be an integer, not str"),
-        ({**OK, "max_tokens": 5}, "item 4: unknown field 'max_tokens' (known: prompt, max_new_tokens,"),
+        (
+            {**OK, "max_tokens": 5},
+            "item 4: unknown field 'max_tokens' (known: prompt, messages,",
+        ),
     ],
 )
 def test_validation_names_the_item_and_the_problem(item: object, message: str) -> None:
@@ -82,10 +88,13 @@ def test_max_new_tokens_is_bounded_by_the_checkpoint_context(tmp_path: Path) -> 
 def test_importing_and_validating_does_not_load_torch() -> None:
     code = (
         "import sys\n"
-        "import worker.models.gpt2\n"
+        "import worker.models.causal_lm\n"
         "from worker.models.registry import model_class\n"
         "from worker.settings import Settings\n"
         "model_class('gpt2', Settings()).validate(0, {'prompt': 'Hi', 'max_new_tokens': 3}, Settings())\n"
+        "entry = 'generate:/models/absent'\n"
+        "chat = {'messages': [{'role': 'user', 'content': 'Hi'}], 'max_new_tokens': 3}\n"
+        "model_class(entry, Settings(models=[entry])).validate(0, chat, Settings(models=[entry]))\n"
         "heavy = [m for m in ('torch', 'transformers', 'tokenizers', 'safetensors') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

@@ -9,6 +9,7 @@ sequence for lack of pages: it preempts the newest and resumes them later.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -48,8 +49,9 @@ class Generation:
 
     key: Any
     token_ids: tuple[int, ...] = ()
-    finish_reason: str | None = None  # "eos" or "length"
+    finish_reason: str | None = None  # "eos", "stop" (the model said so) or "length"
     error: str | None = None
+    prompt: Any = field(default=None, compare=False)  # the payload it was admitted with (a Prompt)
 
 
 @dataclass(eq=False)
@@ -120,19 +122,22 @@ class SequenceScheduler:
         joining = self._join()
         return decoding, joining, rejected
 
-    def retire(self, eos_token_ids: frozenset[int]) -> list[Generation]:
-        """After a step: the sequences that reached EOS or max_new_tokens leave and free their pages."""
+    def retire(self, eos_token_ids: frozenset[int], stopped: Collection[Any] = ()) -> list[Generation]:
+        """After a step: the sequences that reached EOS or max_new_tokens, or whose keys the model names in
+        ``stopped`` (a stop string), leave and free their pages."""
         done, staying = [], []
         for seq in self._running:
             if seq.generated[-1] in eos_token_ids:
                 reason = "eos"
+            elif seq.key in stopped:
+                reason = "stop"
             elif len(seq.generated) >= seq.prompt.max_new_tokens:
                 reason = "length"
             else:
                 staying.append(seq)
                 continue
             self.pages.release(seq.pages)
-            done.append(Generation(seq.key, tuple(seq.generated), reason))
+            done.append(Generation(seq.key, tuple(seq.generated), reason, prompt=seq.prompt))
         self._running = staying
         return done
 

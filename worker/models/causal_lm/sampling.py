@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.models.gpt2.inputs import Sampling
+from worker.models.causal_lm.inputs import Sampling
 
 
 def new_generator(sampling: Sampling) -> torch.Generator:

@@ -1,4 +1,4 @@
-"""The GPT-2 KV cache: one pool of fixed-size pages shared by all running sequences, each with its own list.
+"""The KV cache: one pool of fixed-size pages shared by all running sequences, each with its own list.
 
 It must never decide who gets pages (the SequenceScheduler does) and never pad sequences to each other in
 memory: a sequence holds ceil(its cached tokens / page_tokens) pages, whatever the others hold. torch is
@@ -68,6 +68,11 @@ class PagePool:
     ) -> None:
         """Store the keys and values [n, heads, dim] of n tokens at (page, offset) pairs [n], [n]."""
         slots = page_ids * self.page_tokens + offsets
+        self.keys[layer].flatten(0, 1).index_copy_(0, slots, keys)
+        self.values[layer].flatten(0, 1).index_copy_(0, slots, values)
+
+    def write_slots(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store the keys and values [n, heads, dim] of n tokens at flat slots (page * size + offset)."""
         self.keys[layer].flatten(0, 1).index_copy_(0, slots, keys)
         self.values[layer].flatten(0, 1).index_copy_(0, slots, values)
 

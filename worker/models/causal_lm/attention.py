@@ -1,0 +1,159 @@
+"""Our paged KV cache plugged into transformers' attention interface, under the name ``batchwork_paged``.
+
+A model loaded with ``attn_implementation="batchwork_paged"`` runs its own layers (embeddings, RoPE, norms,
+MLPs, logit soft-capping) and calls ``paged_attention`` in place of its attention, with the keys and values
+of this step's new tokens. The function writes them into the PagePool at the slots the step names and
+attends over each sequence's cached tokens. The model is called without a transformers cache
+(``use_cache=False``): which pages a sequence holds is the SequenceScheduler's alone.
+
+It must never keep state between calls: the layout of a step comes in with every forward, as the
+``batchwork`` keyword, which transformers passes through to every attention call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+
+from worker.models.causal_lm.cache import PagePool
+
+NAME = "batchwork_paged"
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeGroup:
+    """Decoding rows whose contexts are within 2x of each other: their pages, longest context and mask."""
+
+    rows: torch.Tensor | None  # None: every row of the step
+    table: torch.Tensor  # [rows, pages]
+    length: int
+    positions: torch.Tensor  # [rows]: each row's new token's position
+    visible: torch.Tensor  # [rows, 1, 1, length]: the cached positions each row attends to (no window)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One forward's layout. Prefill: one sequence's whole context from position 0. Decode: one new token
+    per sequence, each attending over its cached tokens in ``groups``."""
+
+    pool: PagePool
+    slots: (
+        torch.Tensor
+    )  # [tokens]: where each new token's key and value go in the pool (page * size + offset)
+    groups: tuple[DecodeGroup, ...] = ()  # empty: a prefill
+
+    @property
+    def prefill(self) -> bool:
+        return not self.groups
+
+
+def register() -> None:
+    """Make ``batchwork_paged`` an attention implementation transformers knows (once per process)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, paged_attention)
+
+
+def paged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    batchwork: Step | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """query [1, heads, tokens, dim], key and value [1, kv_heads, tokens, dim] of the step's new tokens ->
+    the attended values [1, tokens, heads, dim], as transformers' attention functions return them."""
+    if batchwork is None:
+        raise RuntimeError("batchwork_paged attention runs only inside CausalLM's steps")
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("attention sinks (s_aux) are not supported by batchwork's paged attention")
+    step, layer = batchwork, cast(int, module.layer_idx)
+    window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
+    keys, values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [tokens, kv_heads, dim]
+    step.pool.write_slots(layer, step.slots, keys, values)
+    if step.prefill:
+        out = _prefill(query, key, value, scaling, window, softcap)
+    else:
+        out = _decode(step, layer, query[0].transpose(0, 1)[:, :, None], scaling, window, softcap)
+    return out, None
+
+
+def _prefill(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float | None,
+    window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """Causal attention within the one sequence, as transformers' sdpa runs an unpadded prompt."""
+    tokens = query.shape[2]
+    mask = None
+    if window is not None and window < tokens:
+        at = torch.arange(tokens, device=query.device)
+        mask = (at[None, :] <= at[:, None]) & (at[None, :] > at[:, None] - window)
+    out = _attend(query, key, value, mask, scale, softcap, causal=mask is None)
+    return out.transpose(1, 2)
+
+
+def _decode(
+    step: Step,
+    layer: int,
+    query: torch.Tensor,
+    scale: float | None,
+    window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """query [rows, heads, 1, dim] over each row's cached keys (this token's included) ->
+    [1, rows, heads, dim]."""
+    out = None if len(step.groups) == 1 else torch.empty_like(query)
+    for group in step.groups:
+        keys, values = step.pool.gather(layer, group.table, group.length)
+        visible = group.visible
+        if window is not None and window < group.length:
+            at = torch.arange(group.length, device=query.device)
+            visible = visible & (at[None, :] > group.positions[:, None] - window)[:, None, None]
+        rows = query if group.rows is None else query[group.rows]
+        part = _attend(rows, keys, values, visible, scale, softcap, causal=False)
+        if out is None:
+            return part.transpose(1, 2).transpose(0, 1)
+        out[group.rows] = part
+    assert out is not None
+    return out.transpose(1, 2).transpose(0, 1)
+
+
+def _attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None,
+    softcap: float | None,
+    causal: bool,
+) -> torch.Tensor:
+    groups = query.shape[1] // key.shape[1]
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=groups > 1
+        )
+    # Soft-capped scores (Gemma 2): SDPA cannot cap, so the eager formula, as transformers' eager runs it.
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * (
+        scale if scale is not None else query.shape[-1] ** -0.5
+    )
+    scores = torch.tanh(scores / softcap) * softcap
+    if causal:
+        length = query.shape[2]
+        mask = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value)
