@@ -26,6 +26,7 @@ from sqlalchemy import Text, cast, select
 
 from api.backend import Backend
 from worker.calls import InferCall
+from worker.errors import DatabaseUnavailable
 from worker.models.registry import model_class
 from worker.openai_compat.batchfile import BatchPlan, answer_lines, plan_batch
 from worker.openai_compat.responses import RawJson
@@ -92,7 +93,10 @@ class BatchRunner:
                     if self._stop.is_set():
                         return
                     self.step(batch_id)
-            except Exception:  # the database away, a bug in one step: logged, retried at the next poll
+            except DatabaseUnavailable as exc:  # the database away: one line, retried at the next poll
+                log.warning("advancing OpenAI batches: %s; retrying", exc)
+                self._stop.wait(1.0)
+            except Exception:  # a bug in one step: its traceback, retried at the next poll
                 log.exception("advancing OpenAI batches failed; retrying")
                 self._stop.wait(1.0)
             self._wake.wait(POLL_S)
