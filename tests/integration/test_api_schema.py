@@ -73,7 +73,9 @@ def test_every_route_answers_as_its_schema_says(live_api: tuple[str, str]) -> No
 @pytest.mark.slow
 def test_sequences_along_the_links_answer_as_the_schema_says(live_api: tuple[str, str], pg_url: str) -> None:
     url, _key = live_api
-    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+    # The jobs routes and their links; the OpenAI routes have no links between them and are fuzzed route by
+    # route above (in one machine they took the steps and the jobs' links were rarely reached).
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json").include(path_regex="^/v1/jobs")
     calls: dict[str, int] = {}
     engine = make_engine(pg_url)
 
