@@ -57,8 +57,8 @@ def test_generation_bodies_take_openai_defaults_and_noop_serves_them() -> None:
     chat = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 4}
     assert parse_request(CHAT, chat, SETTINGS).items[0]["max_new_tokens"] == 4
     assert parse_request(CHAT, {**chat, "model": "noop"}, SETTINGS).items == ["hi"]
-    with pytest.raises(RequestError):  # gpt2 takes no chat messages (yet)
-        parse_request(CHAT, {**chat, "model": "gpt2"}, SETTINGS)
+    # gpt2 is the generate kind now: chat messages reach it as messages, for its chat template.
+    assert parse_request(CHAT, {**chat, "model": "gpt2"}, SETTINGS).items[0]["messages"] == chat["messages"]
 
 
 def test_a_batch_file_reports_every_bad_line_and_keeps_no_items() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -176,8 +177,11 @@ def models() -> None:
     where each comes from (setting > tuned > default) on this worker's device kind."""
     from worker.tuning.show import models_table
 
+    # Piped or redirected, the table is printed whole rather than cut to 80 columns (kind and checkpoint
+    # columns made it wider than that): what reads it gets every value.
+    shown = out_console if out_console.is_terminal else Console(highlight=False, emoji=False, width=320)
     for part in models_table(get_settings()):
-        out_console.print(part)
+        shown.print(part)
 
 
 @app.command()
