@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
@@ -29,6 +30,8 @@ from worker.store.schema import migrate
 # The session's Redis: tests take databases 1..15 (one at a time per process: tests in a process run in turn).
 REDIS_TEST_DBS = range(1, 16)
 
+Server = TypeVar("Server", RedisServer, PostgresServer)
+
 
 def _unavailable(error: ServiceUnavailable) -> None:
     if os.environ.get("CI"):
@@ -36,28 +39,27 @@ def _unavailable(error: ServiceUnavailable) -> None:
     pytest.skip(str(error))
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    """The session's own redis-server."""
+def _started(server_class: type[Server]) -> Iterator[Server]:
+    """The server, started for the session; skipped (failed under CI) where it cannot start."""
     try:
-        server = RedisServer()
+        server = server_class()
     except ServiceUnavailable as error:
         _unavailable(error)
         raise
     with server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """The session's own redis-server."""
+    yield from _started(RedisServer)
 
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """The session's own PostgreSQL (database ``test``, superuser ``batchwork``, no password)."""
-    try:
-        server = PostgresServer()
-    except ServiceUnavailable as error:
-        _unavailable(error)
-        raise
-    with server:
-        yield server
+    yield from _started(PostgresServer)
 
 
 @pytest.fixture
