@@ -71,13 +71,7 @@ def test_the_python_client_waits_reads_results_and_cancels(producer: dict[str, s
 
 
 @pytest.mark.slow
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="a worker learns of cancellations once a second for the jobs it already holds, so it runs the "
-    "items of a job cancelled before it took the job's messages (README: workers store them as cancelled)",
-)
-def test_a_job_cancelled_before_any_worker_took_it_runs_none_of_its_items(producer: dict[str, str]) -> None:
+def test_a_job_cancelled_before_any_worker_took_it_keeps_no_outputs(producer: dict[str, str]) -> None:
     from worker import client
 
     doomed = client.submit(ECHO, ["never run", "nor this"])

@@ -112,7 +112,14 @@ def test_cancelled_job_stays_cancelled(store: ResultStore) -> None:
 
     status = store.status(job.job_id)
     assert cancelled is not None and status is not None
-    assert (status.state, status.done) == ("cancelled", 4)
+    # What a worker produced after the cancel committed is stored as cancelled, not as an output.
+    assert (status.state, status.done, status.failed) == ("cancelled", 1, 3)
+    assert [(r.index, r.error) for r in store.results(job.job_id)] == [
+        (0, None),
+        (1, "cancelled"),
+        (2, "cancelled"),
+        (3, "cancelled"),
+    ]
     assert status.finished_at == cancelled.finished_at is not None
     assert not store.cancel(job.job_id)
     assert not store.cancel(str(uuid.uuid4()))

@@ -1,12 +1,13 @@
 """The store's read statements that are more than a line: a job's status (with its token counts) in one
-prebuilt query, its most common errors, and the jobs whose row disagrees with what a message claims.
+prebuilt query, its most common errors, and what the rows of jobs being written into say (another model or
+total than a message claims; cancelled).
 
 Statements and small functions over a connection; the connection, and its transaction, are the caller's.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Select, String, bindparam, case, func, select
 
@@ -18,19 +19,31 @@ TOP_ERRORS = 5
 _JOB = tables.jobs.c
 
 
-def disagreeing(conn: Connection, specs: list[JobSpec]) -> set[str]:
-    """Jobs whose row names another model or total than their messages: a message may not write into them."""
+class JobChecks(NamedTuple):
+    """What the rows of existing jobs say about a write into them."""
+
+    disagreeing: set[str]  # the row names another model or total than the messages: refuse the write
+    cancelled: set[str]  # the job was cancelled: what its items produced is stored as "cancelled"
+
+
+def check_jobs(conn: Connection, specs: list[JobSpec]) -> JobChecks:
+    """Read the rows of these jobs once and say which may not be written into and which were cancelled."""
     if not specs:
-        return set()
+        return JobChecks(set(), set())
     found = conn.execute(
-        select(_JOB.id, _JOB.model, _JOB.total).where(_JOB.id.in_([spec.job_id for spec in specs]))
+        select(_JOB.id, _JOB.model, _JOB.total, _JOB.state).where(
+            _JOB.id.in_([spec.job_id for spec in specs])
+        )
     )
-    stored = {job_id: (model, total) for job_id, model, total in found}
-    return {
-        spec.job_id
-        for spec in specs
-        if stored.get(spec.job_id, (spec.model, spec.total)) != (spec.model, spec.total)
-    }
+    stored = {job_id: (model, total, state) for job_id, model, total, state in found}
+    disagreeing, cancelled = set(), set()
+    for spec in specs:
+        model, total, state = stored.get(spec.job_id, (spec.model, spec.total, None))
+        if (model, total) != (spec.model, spec.total):
+            disagreeing.add(spec.job_id)
+        elif state == "cancelled":
+            cancelled.add(spec.job_id)
+    return JobChecks(disagreeing, cancelled)
 
 
 def top_errors(conn: Connection, job_id: str) -> tuple[tuple[str, int], ...]:

@@ -186,9 +186,15 @@ class ResultStore:
         finals: list[TokenCount] = []
         with self.engine.begin() as conn:
             new_jobs = bulk.insert_jobs(conn, [rows.job_row(specs[job_id], now) for job_id in sorted(specs)])
-            refused = queries.disagreeing(conn, [specs[j] for j in specs if j not in new_jobs])
+            refused, cancelled = queries.check_jobs(conn, [specs[j] for j in specs if j not in new_jobs])
             for (record, _, _), given in zip(batches, columns, strict=True):
-                kept = rows.item_rows(_without_jobs(given, refused) if refused else given)
+                if refused:
+                    given = _without_jobs(given, refused)
+                if cancelled:
+                    # A worker may take a job's messages before it learns of the job's cancel (it asks once
+                    # a second, for the jobs it holds): whatever ran after the cancel committed is not kept.
+                    given = _as_cancelled(given, cancelled)
+                kept = rows.item_rows(given)
                 batch_id = (
                     None if record is None else conn.execute(_INSERT_BATCH, asdict(record)).scalar_one()
                 )
@@ -351,6 +357,18 @@ class ResultStore:
 def _without_jobs(columns: ItemColumns, jobs: Collection[str]) -> ItemColumns:
     """The rows of ``columns`` not of ``jobs``."""
     return ItemColumns.of([o for o in columns.outcomes() if o.job_id not in jobs])
+
+
+def _as_cancelled(columns: ItemColumns, jobs: Collection[str]) -> ItemColumns:
+    """``columns`` with every output of ``jobs`` replaced by the error "cancelled" (errors are kept)."""
+    return ItemColumns.of(
+        [
+            replace(o, output=None, error="cancelled", tokens=None)
+            if o.job_id in jobs and o.error is None
+            else o
+            for o in columns.outcomes()
+        ]
+    )
 
 
 def _token_counts(columns: ItemColumns) -> list[TokenCount]:
