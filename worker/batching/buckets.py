@@ -184,7 +184,9 @@ class _Lengths:
         self._count[length] -= 1
 
     def remove_many(self, lengths: list[int]) -> None:
-        self._count.subtract(lengths)
+        # Counted first (in C), then subtracted per distinct length: ``subtract`` of a list is a Python
+        # loop per element, and a batch of a thousand items has a few distinct lengths.
+        self._count.subtract(Counter(lengths))
 
     def most(self) -> int:
         while self._heap and not self._count[-self._heap[0]]:
