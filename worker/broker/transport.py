@@ -30,8 +30,9 @@ FETCH_LIMIT = 256
 # With nothing waiting, the fetch backs off from 1 ms, doubling, to this; a message arriving into an idle
 # worker waits at most this long in Redis. An idle worker costs Redis a trivial script this often.
 IDLE_FETCH_S = 0.02
-# A worker holding all it may (prefetch window or intake throttle) checks again this often: no round trip.
-HELD_BACK_FETCH_S = 0.002
+# A worker holding all it may (prefetch window or intake throttle) checks again this often, no round trip:
+# the outbox's tick (5 ms), whose acks release what it holds.
+HELD_BACK_FETCH_S = 0.005
 # kombu's hub fires at most 10 due timers per turn of its loop; when all 10 ran (a busy worker whose fetch
 # and ack timers are due again as soon as they finish) it polls for ``min_delay``, one whole second by
 # default: the worker would stall a second at a time exactly when messages keep coming. A busy loop comes
