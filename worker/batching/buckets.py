@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter, OrderedDict, deque
 from itertools import count
+from operator import attrgetter
 
 from worker.batching.items import Item
 from worker.batching.policy import LanePolicy
@@ -54,7 +55,7 @@ class Bucket:
             heapq.heappush(self._heads, (first.arrived, next(self._seq), first))
         queue.extend(items)
         self.size += len(items)
-        self._lengths.add_many([item.length for item in items])
+        self._lengths.add_many(list(map(_LENGTH, items)))
 
     def oldest(self) -> Item:
         """The item that has waited longest (every job's items wait in arrival order: it heads its job)."""
@@ -117,7 +118,7 @@ class Bucket:
                 longest, count = max(longest, length), count + 1
         batch.extend(taken)
         self.size -= len(taken)
-        self._lengths.remove_many([item.length for item in taken])
+        self._lengths.remove_many(list(map(_LENGTH, taken)))
         if queue:
             if taken:
                 heapq.heappush(self._heads, (queue[0].arrived, next(self._seq), queue[0]))
@@ -160,6 +161,9 @@ class Bucket:
                 self.jobs.move_to_end(job_id)
             else:
                 del self.jobs[job_id]
+
+
+_LENGTH = attrgetter("length")
 
 
 class _Lengths:
