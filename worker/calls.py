@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from worker.bounds import MAX_COUNT, MAX_ITEM_ID_CHARS, check_text, is_count, is_job_id
@@ -31,6 +32,7 @@ __all__ = [
 ]
 
 TASK_NAME = "batchwork.infer"
+_DEFAULT_VALIDATE = Model.validate.__func__  # type: ignore[attr-defined]
 # What a caller passes to infer.delay / client.submit.
 CALL_ARGUMENTS = ("model", "inputs", "priority", "deadline_s")
 # What a message carries: the call, plus which job its items belong to and where they sit in it.
@@ -141,8 +143,37 @@ def parse_message(task_id: str, kwargs: object, settings: Settings) -> InferCall
 def check_items(call: InferCall, settings: Settings) -> None:
     """Raise InvalidInput naming the first item the model cannot take (producer side)."""
     cls = model_class(call.model, settings)
+    if plain_texts(cls, call.inputs, settings) is not None:
+        return
     for position, item in enumerate(call.inputs):
         check_item(cls, call.offset + position, item, settings)
+
+
+def plain_texts(cls: type[Model], items: Sequence[object], settings: Settings) -> list[str] | None:
+    """What the default check (``Model.validate``) makes of every item, checked a list at a time, where all
+    items are texts it takes as they are: strings, or objects with a string ``text`` and no ``id``. None
+    where the model checks items its own way or any item is another shape or wrong: then each item is
+    checked alone (``check_item``), which names the first mistake.
+
+    The same outcome as ``check_item`` on each, in loops that run in C: the per-item check was most of a
+    noop worker's intake and of ``submit``'s own time."""
+    if getattr(cls.validate, "__func__", None) is not _DEFAULT_VALIDATE or not items:
+        return None
+    kinds = set(map(type, items))
+    texts: list[Any]
+    if kinds == {dict}:
+        texts = list(map(dict.get, items, repeat("text")))  # type: ignore[arg-type]
+        ids = list(map(dict.get, items, repeat("id")))  # type: ignore[arg-type]
+        if set(map(type, texts)) != {str} or ids.count(None) != len(ids):
+            return None
+    elif kinds == {str}:
+        texts = items if isinstance(items, list) else list(items)
+    else:
+        return None
+    # An empty text, or one of whitespace alone, is refused (``not text.strip()`` in ``text_of``).
+    if "" in texts or any(map(str.isspace, texts)) or max(map(len, texts)) > settings.max_input_chars:
+        return None
+    return texts
 
 
 def check_item(cls: type[Model], index: int, item: object, settings: Settings) -> tuple[Any, str | None]:

@@ -17,6 +17,7 @@ from worker.calls import (
     job_id_of,
     new_call,
     parse_message,
+    plain_texts,
 )
 from worker.client import ORDER_WINDOW_CHUNKS, length_order
 from worker.errors import InvalidInput
@@ -174,3 +175,53 @@ def test_a_length_bucketed_models_items_go_shortest_first_within_windows() -> No
     # A model without length buckets, or items already in order, keep the plain consecutive messages.
     assert length_order(InferCall(JOB, "noop", texts, total=len(texts)), settings) is None
     assert length_order(InferCall(JOB, "minilm", ["a", "bb", "ccc"], total=3), settings) is None
+
+
+def _one_by_one(items: list[object]) -> list[object] | None:
+    """What checking each item alone makes of a list: the checked forms if every item passes and none has
+    an id, else None."""
+    checked = []
+    for index, item in enumerate(items):
+        try:
+            value, ident = check_item(Noop, index, item, SETTINGS)
+        except InvalidInput:
+            return None
+        if ident is not None:
+            return None
+        checked.append(value)
+    return checked
+
+
+ITEM = st.one_of(
+    st.text(max_size=60),
+    st.sampled_from(["", " ", "\t\n", "ok", "x" * 50, "x" * 51]),
+    st.fixed_dictionaries({"text": st.text(max_size=55)}),
+    st.fixed_dictionaries(
+        {"text": st.text(min_size=1, max_size=5), "id": st.sampled_from([None, 0, "", "a"])}
+    ),
+    st.fixed_dictionaries({"body": st.just("a")}),
+    st.integers(),
+    st.none(),
+)
+
+
+@given(st.lists(ITEM, max_size=8))
+def test_texts_checked_a_list_at_a_time_agree_with_checking_each_alone(items: list[object]) -> None:
+    # The list-wide check may decline a list the item-by-item check takes (the worker then checks each),
+    # but what it accepts must be exactly what the item-by-item check makes, and nothing it refuses.
+    texts = plain_texts(Noop, items, SETTINGS)
+    if texts is not None:
+        assert texts == _one_by_one(items)
+    elif items and all(isinstance(item, str) for item in items):
+        assert _one_by_one(items) is None  # plain strings are declined only for an item that fails
+
+
+def test_texts_of_a_model_with_its_own_check_are_checked_item_by_item() -> None:
+    class Strict(Noop):
+        @classmethod
+        def validate(cls, index: int, item: object, settings: Settings) -> object:
+            raise InvalidInput("never", index)
+
+    assert plain_texts(Strict, ["a", "b"], SETTINGS) is None
+    assert plain_texts(Noop, ["a", {"text": "b"}], SETTINGS) is None  # mixed shapes: item by item
+    assert plain_texts(Noop, [{"text": "a"}, {"text": "b"}], SETTINGS) == ["a", "b"]

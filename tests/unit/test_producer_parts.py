@@ -4,10 +4,12 @@ every item once and in order, offsets counting from the call's."""
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.broker.producer import MAX_MESSAGE_BYTES, ordered_parts, parts
+from worker.broker.producer import MAX_MESSAGE_BYTES, chunked_parts, ordered_parts, parts
+from worker.errors import InvalidInput
 
 
 @given(sizes=st.lists(st.integers(1, 400_000), min_size=1, max_size=30), chunk=st.integers(1, 8))
@@ -38,3 +40,19 @@ def test_ordered_parts_name_each_items_index_once_beside_its_json(sizes: list[in
     for offset, joined, indices in cut:
         assert offset == 0 and 1 <= len(indices) <= chunk
         assert orjson.loads(b"[" + joined + b"]") == [f"item {index}" for index in indices]
+
+
+@given(sizes=st.lists(st.integers(1, 400_000), max_size=30), chunk=st.integers(1, 8))
+def test_parts_written_a_chunk_at_a_time_are_the_parts_written_item_by_item(
+    sizes: list[int], chunk: int
+) -> None:
+    items = ["x" * size for size in sizes]
+
+    assert list(chunked_parts(items, 7, chunk)) == list(parts(7, map(orjson.dumps, items), chunk))
+
+
+def test_an_item_that_is_not_json_is_named_by_its_job_index() -> None:
+    items: list[object] = ["a"] * 10 + [object()]
+    with pytest.raises(InvalidInput) as refused:
+        list(chunked_parts(items, 100, 4))
+    assert refused.value.index == 110

@@ -6,6 +6,7 @@ Pure values; never imports an edge of the system.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 LaneKey = tuple[str, str]  # (model, priority)
@@ -34,12 +35,16 @@ class Batch:
 
     @property
     def real_tokens(self) -> int:
-        return sum(item.length for item in self.items)
+        return sum(map(_LENGTH, self.items))
 
     @property
     def padded_tokens(self) -> int:
-        return max(item.length for item in self.items) * len(self.items)
+        return max(map(_LENGTH, self.items)) * len(self.items)
 
     @property
     def oldest_wait_s(self) -> float:
-        return self.formed_at - min(item.arrived for item in self.items)
+        return self.formed_at - min(map(_ARRIVED, self.items))
+
+
+_LENGTH = attrgetter("length")
+_ARRIVED = attrgetter("arrived")

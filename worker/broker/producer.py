@@ -75,8 +75,7 @@ class Publisher:
         message then names its items' indices). InvalidInput if an item is not JSON; BrokerUnavailable if
         Redis is not."""
         if order is None:
-            encoded = (_json(item, index) for index, item in enumerate(call.inputs, call.offset))
-            chunks: Iterable[Part] = parts(call.offset, encoded, self.chunk_size)
+            chunks: Iterable[Part] = chunked_parts(call.inputs, call.offset, self.chunk_size)
         else:
             inputs, offset = call.inputs, call.offset
             encoded = (_json(inputs[position], offset + position) for position in order)
@@ -247,6 +246,24 @@ def parts(offset: int, encoded: Iterable[bytes], chunk_size: int) -> Iterator[tu
         size += len(item)
     if group:
         yield start, b",".join(group)
+
+
+def chunked_parts(items: Sequence[Any], offset: int, chunk_size: int) -> Iterator[tuple[int, bytes]]:
+    """``parts`` of ``items`` (the first at job index ``offset``), each written by one orjson call for the
+    whole part (a JSON array is its items joined by commas, between brackets). From the first part that
+    will not do (over MAX_MESSAGE_BYTES, or an item that is not JSON) on, the items go one by one through
+    ``parts``, which splits by size and names the item at fault."""
+    for start in range(0, len(items), chunk_size):
+        chunk = items[start : start + chunk_size]
+        try:
+            joined = orjson.dumps(chunk if isinstance(chunk, list) else list(chunk))[1:-1]
+        except TypeError:
+            joined = None
+        if joined is None or len(joined) + len(chunk) > MAX_MESSAGE_BYTES:
+            rest = (_json(item, index) for index, item in enumerate(items[start:], offset + start))
+            yield from parts(offset + start, rest, chunk_size)
+            return
+        yield offset + start, joined
 
 
 def _json(item: Any, index: int) -> bytes:

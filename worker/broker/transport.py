@@ -30,6 +30,9 @@ FETCH_LIMIT = 256
 # With nothing waiting, the fetch backs off from 1 ms, doubling, to this; a message arriving into an idle
 # worker waits at most this long in Redis. An idle worker costs Redis a trivial script this often.
 IDLE_FETCH_S = 0.02
+# A worker holding all it may (prefetch window or intake throttle) checks again this often, no round trip:
+# the outbox's tick (5 ms), whose acks release what it holds.
+HELD_BACK_FETCH_S = 0.005
 # kombu's hub fires at most 10 due timers per turn of its loop; when all 10 ran (a busy worker whose fetch
 # and ack timers are due again as soon as they finish) it polls for ``min_delay``, one whole second by
 # default: the worker would stall a second at a time exactly when messages keep coming. A busy loop comes
@@ -109,11 +112,25 @@ class Channel(kombu_redis.Channel):
     # How many messages to fetch from each consumed queue now, given the room in the prefetch window (the
     # worker's intake throttle); None: as many as there is room for, from any.
     fetch_gate: Callable[[list[str], int], list[tuple[str, int]]] | None = None
+    # Whether the last fetch asked for nothing (the prefetch window or the gate allowed none).
+    held_back = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._shared_client: Any = None
         super().__init__(*args, **kwargs)
         self.keys = Keys(self.batchwork_prefix)
         self._scripts: dict[str, Any] = {}
+
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        """One synchronous client per channel, for every fetch, ack, lease renewal and event publish. kombu
+        makes a new one per command (``conn_or_acquire``), and redis-py's constructor costs about 0.2 ms
+        (its table of response callbacks), more than the fetch script's round trip; a client only borrows
+        connections from the channel's pool, so sharing one is safe."""
+        if asynchronous:
+            return super()._create_client(asynchronous=True)
+        if self._shared_client is None:
+            self._shared_client = super()._create_client()
+        return self._shared_client
 
     def script(self, client: Any, name: str) -> Any:
         source = {
@@ -132,7 +149,8 @@ class Channel(kombu_redis.Channel):
         limit = min(FETCH_LIMIT, room)
         # The gate sees the whole room of the prefetch window (it keeps part of it for urgent messages).
         plan = [(queue, min(most, limit)) for queue, most in self._plan(room) if most > 0]
-        if limit <= 0 or not plan:
+        self.held_back = limit <= 0 or not plan
+        if self.held_back:
             return 0
         queues, most = [queue for queue, _ in plan], [count for _, count in plan]
         keys = [self.keys.unacked, self.keys.unacked_index, self.keys.lost, self.keys.delivery_tags, *queues]
@@ -235,14 +253,26 @@ class Fetcher:
             self._timer.cancel()
 
     def tick(self) -> None:
-        taken = 0
+        taken, held_back = 0, False
         try:
             for channel in list(self.cycle._channels):
-                if channel.active_queues and channel.qos.can_consume():
+                if not channel.active_queues:
+                    continue
+                if channel.qos.can_consume():
                     taken += channel.fetch()
+                    held_back = held_back or channel.held_back
+                else:
+                    held_back = True
         except Exception as exc:  # connection errors: kombu reconnects; try again after a pause
             log.warning("fetching messages failed: %s", exc)
             self.schedule(IDLE_FETCH_S)
             raise
-        self.idle_s = 0.0 if taken else min(IDLE_FETCH_S, max(0.001, self.idle_s * 2))
+        if taken:
+            self.idle_s = 0.0
+        elif held_back:
+            # The worker holds enough: it asked Redis nothing, so asking again soon costs nothing, and it
+            # must not sleep the idle backoff just when its items run low (the throttle resumes).
+            self.idle_s = HELD_BACK_FETCH_S
+        else:
+            self.idle_s = min(IDLE_FETCH_S, max(0.001, self.idle_s * 2))
         self.schedule(self.idle_s)

@@ -13,6 +13,8 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from itertools import groupby
+from operator import attrgetter
 
 from worker.batching.scheduler import Batch, Item
 from worker.runtime import metrics
@@ -94,7 +96,12 @@ class Executor:
         self._journal(suspects, starting=True)
         started_at, started = datetime.now(UTC), self.clock()
         model = self.models.loaded(batch.model)
-        payloads = [item.ref.payload(item.index) for item in batch.items]
+        # Per message, not per item: each run's job indices once, its payloads and ids looked up a column at
+        # a time.
+        indices = [list(map(_INDEX, batch.items[lo:hi])) for _, lo, hi in runs]
+        payloads = [
+            p for (pack, _, _), mine in zip(runs, indices, strict=True) for p in pack.payloads_of(mine)
+        ]
         report = run_batch(model.forward, payloads, model.release_memory)
         run_ms = (self.clock() - started) * 1000
         self._journal(suspects, starting=False)
@@ -116,10 +123,8 @@ class Executor:
             worker=self.worker_name,
         )
         metrics.batch_ran(write.record, report)
-        for pack, lo, hi in runs:
-            indices = [item.index for item in batch.items[lo:hi]]
-            item_ids = pack.ids_of(indices)
-            write.extend(pack.delivery, indices, item_ids, report.outputs[lo:hi], report.errors[lo:hi])
+        for (pack, lo, hi), mine in zip(runs, indices, strict=True):
+            write.extend(pack.delivery, mine, pack.ids_of(mine), report.outputs[lo:hi], report.errors[lo:hi])
         log.info(
             "batch %s/%s: %d items, tokens %d real / %d padded, oldest waited %.1f ms, ran %.1f ms",
             *(batch.model, batch.lane[1], len(batch.items), batch.real_tokens, batch.padded_tokens),
@@ -253,12 +258,13 @@ class Executor:
 def _runs(items: tuple[Item, ...]) -> list[tuple[Pack, int, int]]:
     """The batch's items as runs of one message each: (its pack, first position, end position)."""
     runs: list[tuple[Pack, int, int]] = []
-    start, current = 0, None
-    for position, item in enumerate(items):
-        if item.ref is not current:
-            if current is not None:
-                runs.append((current, start, position))
-            start, current = position, item.ref
-    if current is not None:
-        runs.append((current, start, len(items)))
+    start = 0
+    for pack, run in groupby(items, key=_REF):  # a Pack compares by identity (eq=False)
+        end = start + len(list(run))
+        runs.append((pack, start, end))
+        start = end
     return runs
+
+
+_INDEX = attrgetter("index")
+_REF = attrgetter("ref")

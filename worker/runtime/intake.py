@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from worker.batching.scheduler import Item
-from worker.calls import InferCall, check_item, item_id, parse_message
+from worker.calls import InferCall, check_item, item_id, parse_message, plain_texts
 from worker.errors import InvalidInput
 from worker.models.base import Model, StepModel
 from worker.runtime.deliveries import Delivery, Outcomes, Pack, Refusal
@@ -151,6 +151,12 @@ class Intake:
         the errors of the rest."""
         call = delivery.call
         assert call is not None
+        every = len(positions) == len(call.inputs)
+        texts = plain_texts(
+            type(model), call.inputs if every else [call.inputs[p] for p in positions], self.settings
+        )
+        if texts is not None:  # all plain texts: checked a message at a time, no item has an id
+            return positions, texts, [None] * len(positions), Outcomes()
         valid, checked, ids, errors = [], [], [], Outcomes()
         cls, settings, offset, inputs, indices = (
             type(model),
@@ -268,7 +274,7 @@ def _by_position(positions: list[int], values: list[Any], size: int) -> list[Any
 def _ids_by_position(
     positions: list[int], ids: list[str | None], size: int, every: bool
 ) -> list[str | None] | None:
-    if all(ident is None for ident in ids):
+    if ids.count(None) == len(ids):
         return None
     return ids if every else _by_position(positions, ids, size)
 

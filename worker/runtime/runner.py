@@ -38,7 +38,7 @@ class Report:
 
     @property
     def failed(self) -> bool:
-        return any(error is not None for error in self.errors)
+        return self.errors.count(None) != len(self.errors)
 
 
 def error_text(exc: BaseException) -> str:
