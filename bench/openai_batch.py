@@ -20,6 +20,7 @@ import http.client
 import io
 import os
 import re
+import socket
 import statistics
 import sys
 import threading
@@ -36,7 +37,8 @@ from bench.api import print_table
 from bench.processes import WorkerProcess, python_module
 from bench.services import postgres_schema, redis_database
 
-UVICORN_READY = re.compile(r"Uvicorn running on")
+# `batchwork api` hands uvicorn a socket it bound itself, so uvicorn logs no "running on" line.
+UVICORN_READY = re.compile(r"Application startup complete")
 POLL_S = 0.1
 
 
@@ -89,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             worker.wait_ready()
             api.wait_ready()
+            _wait_listening(args.port)
             key = _key(database_url)
             url = f"http://127.0.0.1:{args.port}"
             print("\n1. an embeddings batch end to end: /v1/files + /v1/batches vs client.submit + results")
@@ -104,6 +107,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             processes.stop_all()
             broker.flushdb()
             sys.modules["worker.store.results"].ResultStore.for_url(database_url).close()
+
+
+def _wait_listening(port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _key(database_url: str) -> str:

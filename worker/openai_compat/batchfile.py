@@ -54,6 +54,7 @@ class BatchLine:
     number: int  # the line in the file, from 1
     custom_id: str
     request: Request
+    first: int = 0  # the index of its first item among its model's items (the job's item index)
 
 
 @dataclass
@@ -97,8 +98,9 @@ def plan_batch(
         seen.add(line.custom_id)
         if plan.error_count:
             continue
-        plan.lines.append(line)
-        plan.items.setdefault(line.request.model, []).extend(line.request.items)
+        items = plan.items.setdefault(line.request.model, [])
+        plan.lines.append(BatchLine(line.number, line.custom_id, line.request, len(items)))
+        items.extend(line.request.items)
         _check_size(plan, line, settings)
     if not plan.lines and not plan.error_count:
         plan.errors.append(LineError("empty_file", "the file holds no requests", max(number, 1)))
@@ -204,10 +206,26 @@ def answer_lines(
 ) -> Iterator[Answer]:
     """Every line of ``plan`` answered in input order from its model's ``outcomes``; an item with no stored
     outcome fails with ``missing`` (e.g. ``cancelled`` or ``expired: ...``)."""
-    cursors = {model: _Cursor(outcomes.get(model, iter(()))) for model in plan.items}
+    return answer_range(plan.lines, outcomes, batch_id, missing, count_tokens)
+
+
+def answer_range(
+    lines: Iterable[BatchLine],
+    outcomes: dict[str, Outcomes],
+    batch_id: str,
+    missing: str,
+    count_tokens: Counter | None = None,
+) -> Iterator[Answer]:
+    """``lines`` (consecutive lines of a plan) answered in order from each model's ``outcomes``, which start
+    at the first item of that model's first line here."""
+    taken = list(lines)
+    starts: dict[str, int] = {}
+    for line in taken:
+        starts.setdefault(line.request.model, line.first)
+    cursors = {model: _Cursor(outcomes.get(model, iter(())), start) for model, start in starts.items()}
     key = batch_key(batch_id)
-    lines = iter(plan.lines)
-    while chunk := list(islice(lines, ANSWER_CHUNK_LINES)):
+    rest = iter(taken)
+    while chunk := list(islice(rest, ANSWER_CHUNK_LINES)):
         results = [cursors[line.request.model].take(len(line.request.items), missing) for line in chunk]
         tokens = _count_chunk(chunk, count_tokens)
         for line, (outputs, error) in zip(chunk, results, strict=True):
@@ -233,10 +251,10 @@ def _count_chunk(chunk: list[BatchLine], count_tokens: Counter | None) -> dict[i
 class _Cursor:
     """Walks one model's outcomes by item index; an index with no outcome is ``missing``."""
 
-    def __init__(self, outcomes: Outcomes) -> None:
+    def __init__(self, outcomes: Outcomes, start: int = 0) -> None:
         self._outcomes = outcomes
         self._next = next(outcomes, None)
-        self._index = 0
+        self._index = start
 
     def take(self, count: int, missing: str) -> tuple[list[Any], str | None]:
         outputs: list[Any] = []
