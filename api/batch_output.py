@@ -24,8 +24,8 @@ from worker.store import tables
 from worker.store.db import client_errors
 from worker.store.files import BatchStore, FileStore
 
-APPEND_LINES = 5000  # lines answered and committed per transaction at most
-APPEND_ITEMS = 20_000  # inputs read per transaction at most (lines of many inputs)
+APPEND_LINES = 10_000  # lines answered and committed per transaction at most
+APPEND_ITEMS = 10_000  # inputs read per transaction at most (lines of many inputs), and probed per job
 MIN_APPEND_LINES = 1000  # while the jobs run, fewer lines than this wait for more ...
 MIN_APPEND_EVERY_S = 1.0  # ... unless this long has passed since this batch's last append here
 RESULTS_PAGE = 5000  # result rows read per query

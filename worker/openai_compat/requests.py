@@ -152,7 +152,7 @@ def _embeddings(body: dict[str, Any], cls: type[Model], detokenize: Detokenizer 
         if isinstance(full, int) and dimensions > full:
             raise RequestError(f"field 'dimensions' is {dimensions}, over the model's {full}", "dimensions")
     name = str(body["model"])
-    return Request(EMBEDDINGS, name, list(texts), str(encoding), dimensions, list(texts))
+    return Request(EMBEDDINGS, name, texts, str(encoding), dimensions, texts)  # the one list, never changed
 
 
 def _input_texts(value: object, cls: type[Model], detokenize: Detokenizer | None) -> list[str]:
