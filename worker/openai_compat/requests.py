@@ -57,9 +57,9 @@ class RequestError(ValueError):
         self.code = code
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per line of a file, and a frozen one costs 3x to make
 class Request:
-    """One request: the model, the items it runs, and what shapes the answer."""
+    """One request: the model, the items it runs, and what shapes the answer (never changed once made)."""
 
     endpoint: str
     model: str
