@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Text, cast, select
@@ -29,6 +29,7 @@ APPEND_ITEMS = 10_000  # inputs read per transaction at most (lines of many inpu
 MIN_APPEND_LINES = 1000  # while the jobs run, fewer lines than this wait for more ...
 MIN_APPEND_EVERY_S = 1.0  # ... unless this long has passed since this batch's last append here
 RESULTS_PAGE = 5000  # result rows read per query
+STEP_APPENDS = 4  # appends per step while the jobs run, so that one large batch never holds up the others
 
 
 class LeaseLost(Exception):
@@ -50,17 +51,17 @@ class Cursor:
 
     @classmethod
     def of(cls, row: dict[str, Any]) -> Cursor:
+        """The batch row's cursor (a fresh one before anything is written)."""
         written = row.get("written") or {}
-        fields = {
-            name: written[name] for name in ("line", "items", "output_seq", "output_bytes") if name in written
-        }
-        fields.update({name: written[name] for name in ("error_seq", "error_bytes") if name in written})
-        return cls(**fields, completed=row.get("completed") or 0, failed=row.get("failed") or 0)
+        stored = {name: written[name] for name in _STORED if name in written}
+        return cls(**stored, completed=row.get("completed") or 0, failed=row.get("failed") or 0)
 
     def stored(self) -> dict[str, Any]:
-        value = asdict(self)
-        del value["completed"], value["failed"]
-        return value
+        """The cursor as ``openai_batches.written`` keeps it (the counts have columns of their own)."""
+        return {name: getattr(self, name) for name in _STORED}
+
+
+_STORED = ("line", "items", "output_seq", "output_bytes", "error_seq", "error_bytes")
 
 
 class OutputWriter:
@@ -86,7 +87,9 @@ class OutputWriter:
         inputs all have stored outcomes, in input order up to the first that has not; otherwise every line
         left, an input without an outcome failing with ``missing``. LeaseLost if the batch was taken over."""
         jobs: dict[str, str] = row["jobs"] or {}
-        while cursor.line < len(plan.lines):
+        appends = 0
+        while cursor.line < len(plan.lines) and (missing is not None or appends < STEP_APPENDS):
+            appends += 1
             if missing is None:
                 stop = self._ready(plan, cursor, jobs, row["id"])
             else:

@@ -8,7 +8,7 @@ columns.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -80,9 +80,7 @@ class FileStore:
         except BaseException:
             self.drop_bytes(record.id)
             raise
-        stored = FileRecord(
-            record.id, record.tenant, record.filename, record.purpose, size, record.created_at
-        )
+        stored = replace(record, bytes=size)
         with client_errors(self.url), self.engine.begin() as conn:
             self.add(conn, stored)
         return stored
