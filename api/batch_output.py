@@ -22,13 +22,14 @@ from worker.openai_compat.batchfile import BatchLine, BatchPlan, Counter, answer
 from worker.openai_compat.responses import RawJson
 from worker.store import tables
 from worker.store.db import client_errors
-from worker.store.files import BatchStore, FileStore
+from worker.store.files import CHUNK_BYTES, BatchStore, FileStore
 
 APPEND_LINES = 10_000  # lines answered and committed per transaction at most
 APPEND_ITEMS = 10_000  # inputs read per transaction at most (lines of many inputs), and probed per job
 MIN_APPEND_LINES = 1000  # while the jobs run, fewer lines than this wait for more ...
 MIN_APPEND_EVERY_S = 1.0  # ... unless this long has passed since this batch's last append here
 RESULTS_PAGE = 5000  # result rows read per query
+APPEND_BYTES = 32 * 2**20  # bytes answered per transaction at most (MiniLM's lines are ~8 KB each)
 STEP_APPENDS = 4  # appends per step while the jobs run, so that one large batch never holds up the others
 
 
@@ -148,32 +149,35 @@ class OutputWriter:
         count_tokens: Counter | None,
         missing: str | None,
     ) -> Cursor:
+        """Answer ``lines`` (as many as fit in APPEND_BYTES), then commit their bytes and the cursor."""
         jobs: dict[str, str] = row["jobs"] or {}
-        items = dict(cursor.items)
-        for line in lines:
-            items[line.request.model] = line.first + len(line.request.items)
+        ends = {line.request.model: line.first + len(line.request.items) for line in lines}
         outcomes = {
             model: self._outcomes(jobs[model], cursor.items.get(model, 0), end)
-            for model, end in items.items()
+            for model, end in ends.items()
             if model in jobs and end > cursor.items.get(model, 0)
         }
         output, errors = bytearray(), bytearray()
+        items = dict(cursor.items)
+        answers = answer_range(lines, outcomes, row["id"], missing or "no result was stored", count_tokens)
         completed = failed = 0
-        for answer in answer_range(
-            lines, outcomes, row["id"], missing or "no result was stored", count_tokens
-        ):
+        for line, answer in zip(lines, answers, strict=False):
             if answer.ok:
                 output += answer.line
                 completed += 1
             else:
                 errors += answer.line
                 failed += 1
+            items[line.request.model] = line.first + len(line.request.items)
+            if len(output) + len(errors) >= APPEND_BYTES:
+                break
+        out_rows, error_rows = _rows(output), _rows(errors)
         new = Cursor(
-            cursor.line + len(lines),
+            cursor.line + completed + failed,
             items,
-            cursor.output_seq + bool(output),
+            cursor.output_seq + len(out_rows),
             cursor.output_bytes + len(output),
-            cursor.error_seq + bool(errors),
+            cursor.error_seq + len(error_rows),
             cursor.error_bytes + len(errors),
             cursor.completed + completed,
             cursor.failed + failed,
@@ -184,10 +188,12 @@ class OutputWriter:
                 conn, row["id"], self.owner, new.stored(), self.lease_s, **counts
             ):
                 raise LeaseLost(row["id"])
-            if output:
-                self.files.append(conn, files[0], cursor.output_seq, bytes(output))
-            if errors:
-                self.files.append(conn, files[1], cursor.error_seq, bytes(errors))
+            for file_id, seq, pieces in (
+                (files[0], cursor.output_seq, out_rows),
+                (files[1], cursor.error_seq, error_rows),
+            ):
+                for offset, piece in enumerate(pieces):
+                    self.files.append(conn, file_id, seq + offset, piece)
         self._appended_at[row["id"]] = time.monotonic()
         return new
 
@@ -213,6 +219,11 @@ class OutputWriter:
 
     def forget(self, batch_id: str) -> None:
         self._appended_at.pop(batch_id, None)
+
+
+def _rows(data: bytearray) -> list[bytes]:
+    """``data`` as chunk rows of at most CHUNK_BYTES (a file is served a few rows a query)."""
+    return [bytes(data[start : start + CHUNK_BYTES]) for start in range(0, len(data), CHUNK_BYTES)]
 
 
 def _bounded(plan: BatchPlan, cursor: Cursor, end: int, stored: dict[str, int] | None = None) -> int:

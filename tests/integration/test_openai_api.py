@@ -126,8 +126,8 @@ def test_a_batch_mixing_two_models_completes_with_output_and_error_files_in_inpu
             1,
         )
         assert done.in_progress_at and done.finalizing_at and done.completed_at and done.expires_at
-        for file_id in (done.output_file_id, done.error_file_id):
-            written = client.files.retrieve(file_id or "")
+        for written_id in (done.output_file_id, done.error_file_id):
+            written = client.files.retrieve(written_id or "")
             assert written.expires_at == written.created_at + 7200
 
         output = read_lines(client, done.output_file_id)

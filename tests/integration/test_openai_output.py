@@ -51,6 +51,8 @@ def test_the_output_is_written_in_order_as_results_come_and_resumed_from_the_cur
 
     monkeypatch.setattr(batch_output, "MIN_APPEND_LINES", 1)
     monkeypatch.setattr(batch_output, "APPEND_LINES", 7)
+    monkeypatch.setattr(batch_output, "APPEND_BYTES", 500)  # an append of 7 lines takes 3 transactions ...
+    monkeypatch.setattr(batch_output, "CHUNK_BYTES", 100)  # ... each of several chunk rows
     files, batches = FileStore(pg_store.engine, pg_store.url), BatchStore(pg_store.engine, pg_store.url)
     plan = plan_batch(_lines(30), "/v1/embeddings", SETTINGS)
     items = len(plan.items["noop"])  # 40: every third line holds two inputs
