@@ -205,7 +205,13 @@ class BatchRunner:
                 self.served.store.cancel(job_id)
             finished = True
         if not finished:  # write the lines answered so far
-            self.writer.write(row, self._plan_of(row), self._file_ids(row), Cursor.of(row), self._counter)
+            plan = self._plans.get(row["id"])
+            if plan is None and len(self._plans) < KEPT_PLANS:
+                # Taken over, or forgotten: read the file again while there is room, never one plan in
+                # place of another at every poll (a batch with no plan here writes all at finalizing).
+                plan = self._plan_of(row)
+            if plan is not None:
+                self.writer.write(row, plan, self._file_ids(row), Cursor.of(row), self._counter)
             return
         now = utcnow()
         if self.batches.advance(
