@@ -1,7 +1,9 @@
 """Advances OpenAI batches, in every API process, one step at a time under a lease in the batch's row:
 validating (check the input file, enqueue one job per model) -> in_progress (its jobs run on the workers)
--> finalizing (the output and error files written from the stored results) -> completed; or failed
-(validation), expired (nothing ran before the deadline), cancelling -> cancelled.
+-> finalizing (the rest of the output and error files written from the stored results) -> completed; or failed
+(validation), expired (nothing ran before the deadline), cancelling -> cancelled. While the jobs run, the
+output and error files are written as results are stored (``api.batch_output``), so finalizing only writes
+the last lines and lists the files.
 
 Nothing lives only in this process: the input file, the batch row, the jobs and their results are in SQL,
 job ids derive from the batch id and the model, and the output is assembled from stored results. A process
@@ -18,20 +20,16 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Text, cast, select
-
 from api.backend import Backend
+from api.batch_output import Cursor, LeaseLost, OutputWriter
 from worker.calls import InferCall
 from worker.errors import DatabaseUnavailable
 from worker.models.registry import model_class
-from worker.openai_compat.batchfile import BatchPlan, answer_lines, plan_batch
-from worker.openai_compat.responses import RawJson
+from worker.openai_compat.batchfile import BatchPlan, plan_batch
 from worker.openai_compat.tokens import count_tokens, detokenize
-from worker.store import tables
 from worker.store.files import BatchStore, FileRecord, FileStore, utcnow
 from worker.store.values import FINISHED_STATES
 
@@ -40,8 +38,8 @@ log = logging.getLogger("batchwork.api.batches")
 LEASE_S = 20.0  # a step not renewed for this long is taken over by another process
 POLL_S = 0.05  # how often each API process looks for batches to advance (a query per batch and job)
 BATCH_PRIORITY = "bulk"  # an OpenAI batch is overnight work: it rides the bulk lane
-KEPT_PLANS = 4  # batches whose validated plan this process keeps for their finalizing step
-RESULTS_PAGE = 5000  # result rows read per query while writing the output file
+KEPT_PLANS = 8  # batches whose plan this process keeps for writing their output while their jobs run
+SWEEP_EVERY_S = 60.0  # how often each API process deletes the files past their expires_at
 _JOB_IDS = uuid.UUID("4b0f7a4e-9b1f-4f55-8b1e-6e0f1c8d2a77")
 _FILE_IDS = uuid.UUID("0c7f5e2a-1d3b-4a8e-b6f4-2f9d8e7c6b51")
 
@@ -66,9 +64,11 @@ class BatchRunner:
         self.files = files
         self.batches = batches
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:64]
-        # The plan each batch was validated with, kept for its finalizing step in this process (one that
-        # takes over a batch reads its file again).
+        # The plan of each batch this process writes the output of (one that takes over a batch, or has
+        # forgotten its plan, reads the file again).
         self._plans: dict[str, BatchPlan] = {}
+        self.writer = OutputWriter(files, batches, self.owner, LEASE_S)
+        self._swept_at = 0.0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -89,6 +89,9 @@ class BatchRunner:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
+                if time.monotonic() - self._swept_at > SWEEP_EVERY_S:
+                    self._swept_at = time.monotonic()
+                    self.files.sweep_expired()
                 for batch_id in self.batches.claimable():
                     if self._stop.is_set():
                         return
@@ -115,6 +118,8 @@ class BatchRunner:
                 self._progress(row)
             else:  # finalizing or cancelling: write the files from what is stored
                 self._finalize(row)
+        except LeaseLost:  # another process took the batch over and writes on from the stored cursor
+            log.warning("OpenAI batch %s was taken over by another process", batch_id)
         finally:
             self.batches.release(batch_id, self.owner)
 
@@ -122,6 +127,20 @@ class BatchRunner:
         self.batches.claim(batch_id, self.owner, LEASE_S)
 
     # -- validating -------------------------------------------------------------------------------
+
+    def _plan_of(self, row: dict[str, Any]) -> BatchPlan:
+        """The batch's plan: kept since its validation here, or its file read again (without the models'
+        checks, which it passed)."""
+        plan = self._plans.get(row["id"])
+        if plan is None:
+            plan = self.plan(row, check=False) or BatchPlan()
+            self._keep(row["id"], plan)
+        return plan
+
+    def _keep(self, batch_id: str, plan: BatchPlan) -> None:
+        while len(self._plans) >= KEPT_PLANS:
+            self._plans.pop(next(iter(self._plans)))
+        self._plans[batch_id] = plan
 
     def plan(self, row: dict[str, Any], check: bool = True) -> BatchPlan | None:
         if self.files.get(row["input_file_id"], [row["tenant"]]) is None:
@@ -140,9 +159,7 @@ class BatchRunner:
             self._fail(row, [error.as_dict() for error in plan.errors])
             return
         jobs = {model: job_id_for(batch_id, model) for model in plan.items}
-        while len(self._plans) >= KEPT_PLANS:
-            self._plans.pop(next(iter(self._plans)))
-        self._plans[batch_id] = plan
+        self._keep(batch_id, plan)
         total_items = sum(len(items) for items in plan.items.values())
         if not self.batches.advance(
             batch_id, self.owner, ("validating",), jobs=jobs, total=len(plan.lines), total_items=total_items
@@ -187,12 +204,20 @@ class BatchRunner:
             for job_id in (row["jobs"] or {}).values():
                 self.served.store.cancel(job_id)
             finished = True
-        if finished:
-            now = utcnow()
-            if self.batches.advance(
-                row["id"], self.owner, ("in_progress",), status="finalizing", finalizing_at=now
-            ):
-                self._finalize({**row, "status": "finalizing", "finalizing_at": now})
+        if not finished:  # write the lines answered so far
+            plan = self._plans.get(row["id"])
+            if plan is None and len(self._plans) < KEPT_PLANS:
+                # Taken over, or forgotten: read the file again while there is room, never one plan in
+                # place of another at every poll (a batch with no plan here writes all at finalizing).
+                plan = self._plan_of(row)
+            if plan is not None:
+                self.writer.write(row, plan, self._file_ids(row), Cursor.of(row), self._counter)
+            return
+        now = utcnow()
+        if self.batches.advance(
+            row["id"], self.owner, ("in_progress",), status="finalizing", finalizing_at=now
+        ):
+            self._finalize({**row, "status": "finalizing", "finalizing_at": now})
 
     def _grace_s(self) -> float:
         return float(self.served.settings.visibility_timeout_s)
@@ -200,86 +225,54 @@ class BatchRunner:
     # -- finalizing / cancelling -------------------------------------------------------------------
 
     def _finalize(self, row: dict[str, Any]) -> None:
-        batch_id = row["id"]
-        cancelling = row["status"] == "cancelling"
-        if cancelling:
+        """Write the lines left (an input without an outcome fails as cancelled or expired), then list the
+        files and end the batch in one transaction."""
+        if row["status"] == "cancelling":
             for job_id in (row["jobs"] or {}).values():
                 self.served.store.cancel(job_id)
-        plan = self._plans.pop(batch_id, None)
-        if plan is None:
-            plan = (self.plan(row, check=False) if row["jobs"] else None) or BatchPlan()
+        plan = self._plan_of(row) if row["jobs"] else BatchPlan()
         expired = utcnow() > row["expires_at"]
-        missing = "cancelled" if cancelling else "expired" if expired else "no result was stored"
-        outcomes = {model: self._outcomes(job_id) for model, job_id in (row["jobs"] or {}).items()}
-        output_id, error_id = file_id_for(batch_id, "output"), file_id_for(batch_id, "errors")
-        out, err = self.files.writer(output_id), self.files.writer(error_id)
-        completed = failed = 0
-        for number, answer in enumerate(answer_lines(plan, outcomes, batch_id, missing, self._counter), 1):
-            if answer.ok:
-                out.write(answer.line)
-                completed += 1
-            else:
-                err.write(answer.line)
-                failed += 1
-            if number % 5000 == 0:
-                self._renew(batch_id)
-        out.close()
-        err.close()
-        self._finish(row, out, err, completed, failed, expired)
+        missing = (
+            "cancelled" if row["status"] == "cancelling" else "expired" if expired else "no result was stored"
+        )
+        cursor = self.writer.write(row, plan, self._file_ids(row), Cursor.of(row), self._counter, missing)
+        self._finish(row, cursor, expired)
+        self._plans.pop(row["id"], None)
+        self.writer.forget(row["id"])
 
-    def _finish(
-        self, row: dict[str, Any], out: Any, err: Any, completed: int, failed: int, expired: bool
-    ) -> None:
+    def _finish(self, row: dict[str, Any], cursor: Cursor, expired: bool) -> None:
         now = utcnow()
         if row["status"] == "cancelling":
             status, stamp = "cancelled", "cancelled_at"
-        elif expired and completed == 0:
+        elif expired and cursor.completed == 0:
             status, stamp = "expired", "expired_at"
         else:
             status, stamp = "completed", "completed_at"
+        output_id, error_id = self._file_ids(row)
+        ends = None if row["output_expires_s"] is None else now + timedelta(seconds=row["output_expires_s"])
         records = [
-            FileRecord(writer.file_id, row["tenant"], name, "batch_output", writer.size, now)
-            for writer, name, used in (
-                (out, f"{row['id']}_output.jsonl", completed > 0),
-                (err, f"{row['id']}_error.jsonl", failed > 0),
+            FileRecord(file_id, row["tenant"], f"{row['id']}_{name}.jsonl", "batch_output", size, now, ends)
+            for file_id, name, size, used in (
+                (output_id, "output", cursor.output_bytes, cursor.completed > 0),
+                (error_id, "error", cursor.error_bytes, cursor.failed > 0),
             )
             if used
         ]
         values = {
             "status": status,
             stamp: now,
-            "completed": completed,
-            "failed": failed,
-            "output_file_id": out.file_id if completed else None,
-            "error_file_id": err.file_id if failed else None,
+            "output_file_id": output_id if cursor.completed else None,
+            "error_file_id": error_id if cursor.failed else None,
         }
         with self.files.engine.begin() as conn:
             if not self.batches.advance(row["id"], self.owner, (row["status"],), conn=conn, **values):
                 return
             for record in records:
                 self.files.add(conn, record)
-        for writer, used in ((out, completed), (err, failed)):
-            if not used:
-                self.files.drop_bytes(writer.file_id)
 
-    def _outcomes(self, job_id: str) -> Iterator[tuple[int, Any, str | None]]:
-        """The job's stored outcomes in index order, outputs as their JSON text (RawJson), a page a query."""
-        column = tables.results.c
-        query = (
-            select(column.item_index, cast(column.output, Text), column.error)
-            .where(column.job_id == job_id)
-            .order_by(column.item_index)
-            .limit(RESULTS_PAGE)
-        )
-        after = -1
-        while True:
-            with self.files.engine.connect() as conn:
-                page = conn.execute(query.where(column.item_index > after)).all()
-            for index, output, error in page:
-                yield index, None if output is None else RawJson(output), error
-            if len(page) < RESULTS_PAGE:
-                return
-            after = page[-1][0]
+    @staticmethod
+    def _file_ids(row: dict[str, Any]) -> tuple[str, str]:
+        return file_id_for(row["id"], "output"), file_id_for(row["id"], "errors")
 
     def _counter(self, model: str, texts: list[str]) -> list[int]:
         return count_tokens(model_class(model, self.served.settings), texts)

@@ -30,6 +30,7 @@ from api.openai_schemas import (
     BatchObject,
     EmbeddingRequest,
     EmbeddingResponse,
+    ExpiresAfter,
     FileDeleted,
     FileList,
     FileObject,
@@ -185,6 +186,7 @@ def file_object(record: FileRecord) -> FileObject:
         created_at=int(record.created_at.timestamp()),
         filename=record.filename,
         purpose=record.purpose,
+        expires_at=unix(record.expires_at),
     )
 
 
@@ -197,6 +199,7 @@ def create_batch(body: BatchCreate, key: Caller, oai: Surface) -> BatchObject:
     that ends ``failed`` with ``errors`` naming the lines, not a 4xx."""
     window_s = _window_s(body.completion_window)
     _check_metadata(body.metadata)
+    output_expires_s = _output_expires_s(body.output_expires_after)
     if not _ID.fullmatch(body.input_file_id) or oai.files.get(body.input_file_id, [key.tenant]) is None:
         raise HTTPException(404, f"no file {body.input_file_id}")
     limits.admit(oai.served, key.tenant, 0)
@@ -211,6 +214,7 @@ def create_batch(body: BatchCreate, key: Caller, oai: Surface) -> BatchObject:
         "metadata": body.metadata,
         "created_at": now,
         "expires_at": now + timedelta(seconds=window_s),
+        "output_expires_s": output_expires_s,
     }
     oai.batches.create(row)
     oai.runner.kick()
@@ -225,6 +229,10 @@ def _window_s(window: str) -> int:
             422, f'completion_window must be "24h" (or a shorter "Ns", "Nm", "Nh"), not {window!r}'
         )
     return seconds
+
+
+def _output_expires_s(value: ExpiresAfter | None) -> int | None:
+    return None if value is None else value.seconds
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
@@ -296,24 +304,15 @@ def batch_object(oai: OpenAISurface, row: dict[str, Any]) -> BatchObject:
         expired_at=unix(row["expired_at"]),
         cancelling_at=unix(row["cancelling_at"]),
         cancelled_at=unix(row["cancelled_at"]),
-        request_counts=_counts(oai, row),
+        request_counts=_counts(row),
         metadata=row["metadata"],
     )
 
 
-def _counts(oai: OpenAISurface, row: dict[str, Any]) -> RequestCounts:
-    """Stored counts once the files are written; while the jobs run, their items counted as lines (exact
-    when each line is one input; in proportion when lines hold several)."""
-    total = row["total"]
-    if row["status"] not in ("in_progress", "finalizing", "cancelling") or not row["jobs"]:
-        return RequestCounts(total=total, completed=row["completed"], failed=row["failed"])
-    done = failed = 0
-    for status in oai.runner.job_states(row).values():
-        if status is not None:
-            done += status.done
-            failed += status.failed
-    items = max(row["total_items"], 1)
-    return RequestCounts(total=total, completed=done * total // items, failed=failed * total // items)
+def _counts(row: dict[str, Any]) -> RequestCounts:
+    """Lines, not inputs: a line counts as completed or failed once every input of it has an outcome and
+    it is written to the output or error file (in input order, as its jobs' results are stored)."""
+    return RequestCounts(total=row["total"], completed=row["completed"], failed=row["failed"])
 
 
 # -- embeddings -------------------------------------------------------------------------------------

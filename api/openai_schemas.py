@@ -4,7 +4,7 @@ them unchanged. The boundary only: the requests are checked by worker.openai_com
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +39,15 @@ class FileDeleted(BaseModel):
     deleted: bool
 
 
+class ExpiresAfter(BaseModel):
+    """OpenAI's expiration policy of a batch's output files: ``seconds`` after the file's ``created_at``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=3600, le=2_592_000, description="1 hour to 30 days, as OpenAI's")
+
+
 class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -48,7 +57,9 @@ class BatchCreate(BaseModel):
         default="24h", max_length=16, description='"24h" (or a shorter "Ns", "Nm", "Nh"): the deadline'
     )
     metadata: dict[str, str] | None = Field(default=None, description="at most 16 keys")
-    output_expires_after: dict[str, Any] | None = Field(default=None, description="accepted, not applied")
+    output_expires_after: ExpiresAfter | None = Field(
+        default=None, description="when the output and error files expire (then 404), from their creation"
+    )
 
 
 class RequestCounts(BaseModel):

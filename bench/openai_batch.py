@@ -20,6 +20,7 @@ import http.client
 import io
 import os
 import re
+import socket
 import statistics
 import sys
 import threading
@@ -36,7 +37,8 @@ from bench.api import print_table
 from bench.processes import WorkerProcess, python_module
 from bench.services import postgres_schema, redis_database
 
-UVICORN_READY = re.compile(r"Uvicorn running on")
+# `batchwork api` hands uvicorn a socket it bound itself, so uvicorn logs no "running on" line.
+UVICORN_READY = re.compile(r"Application startup complete")
 POLL_S = 0.1
 
 
@@ -89,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             worker.wait_ready()
             api.wait_ready()
+            _wait_listening(args.port)
             key = _key(database_url)
             url = f"http://127.0.0.1:{args.port}"
             print("\n1. an embeddings batch end to end: /v1/files + /v1/batches vs client.submit + results")
@@ -104,6 +107,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             processes.stop_all()
             broker.flushdb()
             sys.modules["worker.store.results"].ResultStore.for_url(database_url).close()
+
+
+def _wait_listening(port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _key(database_url: str) -> str:
@@ -134,7 +149,7 @@ def batch_section(args: argparse.Namespace, url: str, key: str, model: str, coun
     seconds: dict[str, list[float]] = {"batch": [], "submit": []}
     for _ in range(args.repeats):
         seconds["submit"].append(_submit_path(client, model, inputs))
-        seconds["batch"].append(_batch_path(oai, body, count))
+        seconds["batch"].append(_batch_path(oai, client, body, count))
     batch, submit = statistics.median(seconds["batch"]), statistics.median(seconds["submit"])
     runs = {name: " ".join(f"{value:.1f}" for value in values) for name, values in seconds.items()}
     return model, f"{count:,}", runs["batch"], runs["submit"], f"{submit / batch:.2f}x (target >= 0.8x)"
@@ -148,10 +163,18 @@ def _submit_path(client: Any, model: str, inputs: list[str]) -> float:
     elapsed = time.perf_counter() - started
     if read != len(inputs):
         raise RuntimeError(f"client.results gave {read} rows of {len(inputs)}")
+    print(f"  submit of {len(inputs):,}: {_job_times(client, job_id)}, read {elapsed:.1f}")
     return elapsed
 
 
-def _batch_path(oai: Any, body: bytes, count: int) -> float:
+def _job_times(client: Any, job_id: str) -> str:
+    """When the job was recorded, a worker began it and it finished, as the store saw it."""
+    status = client.status(job_id)
+    ran = (status.finished_at - status.started_at).total_seconds() if status.started_at else float("nan")
+    return f"the job ran {ran:.1f} s (first batch to finished)"
+
+
+def _batch_path(oai: Any, client: Any, body: bytes, count: int) -> float:
     started = time.perf_counter()
     file_id = oai.files.create(file=("bench.jsonl", io.BytesIO(body)), purpose="batch").id
     uploaded = time.perf_counter()
@@ -169,8 +192,15 @@ def _batch_path(oai: Any, body: bytes, count: int) -> float:
     if read != count:
         raise RuntimeError(f"the output held {read} answered lines of {count}")
     phases = ", ".join(f"{name} {at:.1f}" for name, at in seen.items())
-    print(f"  batch of {count:,}: first seen (s from the start): {phases}, downloaded {elapsed:.1f}")
+    from api.batch_runner import job_id_for
+
+    job = _job_times(client, job_id_for(batch.id, _model_of(body)))
+    print(f"  batch of {count:,}: first seen (s from the start): {phases}, downloaded {elapsed:.1f}; {job}")
     return elapsed
+
+
+def _model_of(body: bytes) -> str:
+    return str(orjson.loads(body[: body.index(b"\n")])["body"]["model"])
 
 
 def embeddings_section(args: argparse.Namespace, key: str, database_url: str) -> None:

@@ -101,8 +101,19 @@ def test_a_batch_mixing_two_models_completes_with_output_and_error_files_in_inpu
         )
         assert client.files.content(file_id).content == jsonl(lines)
 
+        with pytest.raises(openai.UnprocessableEntityError):  # OpenAI's bounds: 1 hour to 30 days
+            client.batches.create(
+                input_file_id=file_id,
+                endpoint="/v1/embeddings",
+                completion_window="24h",
+                output_expires_after={"anchor": "created_at", "seconds": 60},
+            )
         batch = client.batches.create(
-            input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h", metadata={"run": "t1"}
+            input_file_id=file_id,
+            endpoint="/v1/embeddings",
+            completion_window="24h",
+            metadata={"run": "t1"},
+            output_expires_after={"anchor": "created_at", "seconds": 7200},
         )
         assert batch.status in {"validating", "in_progress", "finalizing", "completed"}
         assert batch.metadata == {"run": "t1"}
@@ -115,6 +126,9 @@ def test_a_batch_mixing_two_models_completes_with_output_and_error_files_in_inpu
             1,
         )
         assert done.in_progress_at and done.finalizing_at and done.completed_at and done.expires_at
+        for written_id in (done.output_file_id, done.error_file_id):
+            written = client.files.retrieve(written_id or "")
+            assert written.expires_at == written.created_at + 7200
 
         output = read_lines(client, done.output_file_id)
         assert [line["custom_id"] for line in output] == [line["custom_id"] for line in lines[:60]]

@@ -10,9 +10,9 @@ import numpy as np
 import orjson
 import pytest
 
-from worker.openai_compat.batchfile import answer_lines, plan_batch
+from worker.openai_compat.batchfile import _dump, answer_lines, answer_range, embedding_line, plan_batch
 from worker.openai_compat.requests import CHAT, COMPLETIONS, EMBEDDINGS, RequestError, parse_request
-from worker.openai_compat.responses import response_body
+from worker.openai_compat.responses import RawJson, response_body
 from worker.settings import Settings
 
 SETTINGS = Settings(models=["minilm", "noop", "gpt2", "tests.support.models:ChatEcho"])
@@ -117,3 +117,39 @@ def test_completion_and_chat_bodies_are_openais() -> None:
     body = response_body(chat, [0], "r2")
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "", "refusal": None}
+
+
+@pytest.mark.parametrize(
+    ("custom_id", "texts", "outputs", "tokens"),
+    [
+        ("n-1", "x", ["0"], None),
+        ('quote " and é \\ ✓', ["a", "b"], ["[0.25,-1.5e-07,3.0]", "[1.0]"], 7),
+        ("bytes", "y", [b"[0.5,0.5]"], 0),
+    ],
+)
+def test_a_joined_embeddings_line_is_the_bytes_of_the_generic_answer(
+    custom_id: str, texts: Any, outputs: list[Any], tokens: int | None
+) -> None:
+    plan = plan_batch([line(custom_id, {"model": "noop", "input": texts})], EMBEDDINGS, SETTINGS)
+    batch_line = plan.lines[0]
+    stored = [RawJson(output) for output in outputs]
+    counted = None if tokens is None else (lambda _: [tokens])
+    body = response_body(batch_line.request, stored, "abc", counted)
+    generic = _dump("abc", custom_id, {"status_code": 200, "request_id": "abc", "body": body}, None)
+    assert embedding_line("abc", batch_line, stored, tokens) == generic
+
+
+def test_a_range_of_lines_is_answered_from_its_models_items_mid_way() -> None:
+    lines = [
+        line("a", {"model": "noop", "input": ["p", "q"]}),
+        line("b", {"model": "minilm", "input": "r"}),
+        line("c", {"model": "noop", "input": "s"}),
+        line("d", {"model": "minilm", "input": ["t", "u"]}),
+    ]
+    plan = plan_batch(lines, EMBEDDINGS, SETTINGS)
+    assert [batch_line.first for batch_line in plan.lines] == [0, 0, 2, 1]
+    noop = iter([(2, 0, None)])
+    minilm = iter([(1, [1.0], None), (2, [2.0], "invalid input: too long")])
+    answers = list(answer_range(plan.lines[2:], {"noop": noop, "minilm": minilm}, "batch_y", "cancelled"))
+    assert [(a.ok, orjson.loads(a.line)["custom_id"]) for a in answers] == [(True, "c"), (False, "d")]
+    assert orjson.loads(answers[1].line)["response"]["status_code"] == 400

@@ -8,8 +8,10 @@ plan made again from the same file finds every line's results without any stored
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -25,7 +27,7 @@ from worker.openai_compat.requests import (
     RequestError,
     parse_request,
 )
-from worker.openai_compat.responses import OutputError, error_object, response_body
+from worker.openai_compat.responses import OutputError, RawJson, error_object, response_body
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -49,11 +51,12 @@ class LineError:
         return {"code": self.code, "message": self.message, "line": self.line, "param": self.param}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per line of a file, and a frozen one costs 3x to make
 class BatchLine:
     number: int  # the line in the file, from 1
     custom_id: str
     request: Request
+    first: int = 0  # the index of its first item among its model's items (the job's item index)
 
 
 @dataclass
@@ -84,46 +87,68 @@ def plan_batch(
     seen: set[str] = set()
     classes: dict[tuple[str, str], Any] = {}
     number = 0
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            line = _line(number, raw, endpoint, seen, settings, detokenize, check, classes)
-        except _Refused as refused:
-            plan.error_count += 1
-            if len(plan.errors) < MAX_REPORTED_ERRORS:
-                plan.errors.append(refused.error)
-            continue
-        seen.add(line.custom_id)
-        if plan.error_count:
-            continue
-        plan.lines.append(line)
-        plan.items.setdefault(line.request.model, []).extend(line.request.items)
-        _check_size(plan, line, settings)
+    with _collection_paused():
+        for number, raw in enumerate(lines, start=1):
+            if not raw or raw.isspace():
+                continue
+            try:
+                custom_id, request = _line(raw, endpoint, seen, settings, detokenize, check, classes)
+            except _Refused as refused:
+                plan.error_count += 1
+                if len(plan.errors) < MAX_REPORTED_ERRORS:
+                    plan.errors.append(LineError(refused.code, refused.message, number, refused.param))
+                continue
+            seen.add(custom_id)
+            if plan.error_count:
+                continue
+            items = plan.items.get(request.model)
+            if items is None:
+                items = plan.items[request.model] = []
+            plan.lines.append(BatchLine(number, custom_id, request, len(items)))
+            items.extend(request.items)
+            if len(items) > settings.max_items_per_job:
+                plan.errors.append(_too_many(request.model, number, settings))
+                plan.error_count += 1
     if not plan.lines and not plan.error_count:
         plan.errors.append(LineError("empty_file", "the file holds no requests", max(number, 1)))
         plan.error_count = 1
     return plan
 
 
-def _check_size(plan: BatchPlan, line: BatchLine, settings: Settings) -> None:
-    if len(plan.items[line.request.model]) > settings.max_items_per_job:
-        message = (
-            f"more than {settings.max_items_per_job} inputs for model {line.request.model!r} in one batch "
-            "(BATCHWORK_MAX_ITEMS_PER_JOB)"
-        )
-        plan.errors.append(LineError("too_many_requests", message, line.number))
-        plan.error_count += 1
+@contextmanager
+def _collection_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a file is read or its answers are made: its lines become
+    hundreds of thousands of objects (and no cycles), and the full collections that so many allocations set
+    off once took half of the time of checking a file, and of writing answers in an API process that holds
+    a plan. Collection resumes (if it ran before) afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _too_many(model: str, number: int, settings: Settings) -> LineError:
+    message = (
+        f"more than {settings.max_items_per_job} inputs for model {model!r} in one batch "
+        "(BATCHWORK_MAX_ITEMS_PER_JOB)"
+    )
+    return LineError("too_many_requests", message, number)
 
 
 class _Refused(Exception):
-    def __init__(self, error: LineError) -> None:
-        super().__init__(error.message)
-        self.error = error
+    """Why a line cannot run (its number is added by the caller)."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
 
 
 def _line(
-    number: int,
     raw: bytes,
     endpoint: str | None,
     seen: set[str],
@@ -131,48 +156,46 @@ def _line(
     detokenize: Detokenizer | None,
     check: bool,
     classes: dict[tuple[str, str], Any],
-) -> BatchLine:
-    def refuse(code: str, message: str, param: str | None = None) -> _Refused:
-        return _Refused(LineError(code, message, number, param))
-
+) -> tuple[str, Request]:
+    """A line's custom_id and request; _Refused saying why not."""
     try:
         line = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise refuse("invalid_json", f"not valid JSON ({exc.msg}, column {exc.colno})") from None
+        raise _Refused("invalid_json", f"not valid JSON ({exc.msg}, column {exc.colno})") from None
     if not isinstance(line, dict):
-        raise refuse("invalid_request", "a line must be a JSON object {custom_id, method, url, body}")
-    custom_id = _custom_id(line.get("custom_id"), seen, refuse)
+        raise _Refused("invalid_request", "a line must be a JSON object {custom_id, method, url, body}")
+    custom_id = _custom_id(line.get("custom_id"), seen)
     if line.get("method", "POST") != "POST":
-        raise refuse("invalid_method", "field 'method' must be POST", "method")
+        raise _Refused("invalid_method", "field 'method' must be POST", "method")
     url = line.get("url")
     if url not in ENDPOINT_KINDS:
-        raise refuse("invalid_url", f"field 'url' must be one of {', '.join(ENDPOINT_KINDS)}", "url")
+        raise _Refused("invalid_url", f"field 'url' must be one of {', '.join(ENDPOINT_KINDS)}", "url")
     if endpoint is not None and url != endpoint:
-        raise refuse("mismatched_url", f"url {url} is not the batch's endpoint {endpoint}", "url")
+        raise _Refused("mismatched_url", f"url {url} is not the batch's endpoint {endpoint}", "url")
     try:
         request = parse_request(str(url), line.get("body"), settings, detokenize, check, classes)
     except RequestError as exc:
         param = f"body.{exc.param}" if exc.param else "body"
-        raise refuse(exc.code, f"{exc.message}", param) from None
-    return BatchLine(number, custom_id, request)
+        raise _Refused(exc.code, f"{exc.message}", param) from None
+    return custom_id, request
 
 
-def _custom_id(value: object, seen: set[str], refuse: Callable[..., _Refused]) -> str:
+def _custom_id(value: object, seen: set[str]) -> str:
     if not isinstance(value, str) or not value:
         message = "missing field 'custom_id' (a non-empty string)"
-        raise refuse("missing_required_parameter", message, "custom_id")
+        raise _Refused("missing_required_parameter", message, "custom_id")
     if len(value) > MAX_CUSTOM_ID_CHARS:
         message = f"'custom_id' is over {MAX_CUSTOM_ID_CHARS} characters"
-        raise refuse("invalid_custom_id", message, "custom_id")
+        raise _Refused("invalid_custom_id", message, "custom_id")
     if value in seen:
-        raise refuse("duplicate_custom_id", f"custom_id {shown(value, 60)} appears twice", "custom_id")
+        raise _Refused("duplicate_custom_id", f"custom_id {shown(value, 60)} appears twice", "custom_id")
     return value
 
 
 # -- answers --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per line written (see BatchLine)
 class Answer:
     """One output line (``ok``) or error line, as bytes with its newline."""
 
@@ -204,14 +227,34 @@ def answer_lines(
 ) -> Iterator[Answer]:
     """Every line of ``plan`` answered in input order from its model's ``outcomes``; an item with no stored
     outcome fails with ``missing`` (e.g. ``cancelled`` or ``expired: ...``)."""
-    cursors = {model: _Cursor(outcomes.get(model, iter(()))) for model in plan.items}
+    return answer_range(plan.lines, outcomes, batch_id, missing, count_tokens)
+
+
+def answer_range(
+    lines: Iterable[BatchLine],
+    outcomes: dict[str, Outcomes],
+    batch_id: str,
+    missing: str,
+    count_tokens: Counter | None = None,
+) -> Iterator[Answer]:
+    """``lines`` (consecutive lines of a plan) answered in order from each model's ``outcomes``, which start
+    at the first item of that model's first line here."""
+    taken = list(lines)
+    starts: dict[str, int] = {}
+    for line in taken:
+        starts.setdefault(line.request.model, line.first)
+    cursors = {model: _Cursor(outcomes.get(model, iter(())), start) for model, start in starts.items()}
     key = batch_key(batch_id)
-    lines = iter(plan.lines)
-    while chunk := list(islice(lines, ANSWER_CHUNK_LINES)):
-        results = [cursors[line.request.model].take(len(line.request.items), missing) for line in chunk]
-        tokens = _count_chunk(chunk, count_tokens)
-        for line, (outputs, error) in zip(chunk, results, strict=True):
-            yield _answer(key, line, outputs, error, tokens.get(line.number))
+    rest = iter(taken)
+    while chunk := list(islice(rest, ANSWER_CHUNK_LINES)):
+        with _collection_paused():
+            results = [cursors[line.request.model].take(len(line.request.items), missing) for line in chunk]
+            tokens = _count_chunk(chunk, count_tokens)
+            answers = [
+                _answer(key, line, outputs, error, tokens.get(line.number))
+                for line, (outputs, error) in zip(chunk, results, strict=True)
+            ]
+        yield from answers
 
 
 def _count_chunk(chunk: list[BatchLine], count_tokens: Counter | None) -> dict[int, int]:
@@ -233,10 +276,10 @@ def _count_chunk(chunk: list[BatchLine], count_tokens: Counter | None) -> dict[i
 class _Cursor:
     """Walks one model's outcomes by item index; an index with no outcome is ``missing``."""
 
-    def __init__(self, outcomes: Outcomes) -> None:
+    def __init__(self, outcomes: Outcomes, start: int = 0) -> None:
         self._outcomes = outcomes
         self._next = next(outcomes, None)
-        self._index = 0
+        self._index = start
 
     def take(self, count: int, missing: str) -> tuple[list[Any], str | None]:
         outputs: list[Any] = []
@@ -259,6 +302,9 @@ class _Cursor:
 def _answer(key: str, line: BatchLine, outputs: list[Any], error: str | None, tokens: int | None) -> Answer:
     rid = request_id(key, line.number)
     if error is None:
+        joined = embedding_line(rid, line, outputs, tokens)
+        if joined is not None:
+            return Answer(True, joined)
         try:
             body = response_body(line.request, outputs, rid, None if tokens is None else lambda _: [tokens])
         except OutputError as exc:
@@ -271,6 +317,33 @@ def _answer(key: str, line: BatchLine, outputs: list[Any], error: str | None, to
         return Answer(False, _dump(rid, line.custom_id, None, detail))
     response = {"status_code": status, "request_id": rid, "body": {"error": detail}}
     return Answer(False, _dump(rid, line.custom_id, response, None))
+
+
+_EMBEDDING = b'{"object":"embedding","index":%d,"embedding":%s}'
+_EMBEDDING_LINE = (
+    b'{"id":"batch_req_%s","custom_id":%s,"response":{"status_code":200,"request_id":"%s","body":'
+    b'{"object":"list","data":[%s],"model":%s,"usage":{"prompt_tokens":%d,"total_tokens":%d}}},"error":null}\n'
+)
+
+
+def embedding_line(rid: str, line: BatchLine, outputs: list[Any], tokens: int | None) -> bytes | None:
+    """The output line of an embeddings request whose vectors go out as stored (float, no ``dimensions``):
+    the very bytes ``_dump`` makes of ``response_body``, joined without building the dicts, which was most
+    of the cost of a large batch's output. None for any other request."""
+    request = line.request
+    if request.endpoint != EMBEDDINGS or request.encoding_format != "float" or request.dimensions is not None:
+        return None
+    pieces = []
+    for index, output in enumerate(outputs):
+        if not isinstance(output, RawJson):
+            return None
+        text = output.text if isinstance(output.text, bytes) else output.text.encode()
+        pieces.append(_EMBEDDING % (index, b"[0.0]" if text == b"0" else text))
+    data = pieces[0] if len(pieces) == 1 else b",".join(pieces)
+    rid_bytes = rid.encode()
+    count = tokens or 0
+    custom_id, model = orjson.dumps(line.custom_id), orjson.dumps(request.model)
+    return _EMBEDDING_LINE % (rid_bytes, custom_id, rid_bytes, data, model, count, count)
 
 
 def _dump(rid: str, custom_id: str, response: Any, error: Any) -> bytes:

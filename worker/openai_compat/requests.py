@@ -57,9 +57,9 @@ class RequestError(ValueError):
         self.code = code
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per line of a file, and a frozen one costs 3x to make
 class Request:
-    """One request: the model, the items it runs, and what shapes the answer."""
+    """One request: the model, the items it runs, and what shapes the answer (never changed once made)."""
 
     endpoint: str
     model: str
@@ -152,7 +152,7 @@ def _embeddings(body: dict[str, Any], cls: type[Model], detokenize: Detokenizer 
         if isinstance(full, int) and dimensions > full:
             raise RequestError(f"field 'dimensions' is {dimensions}, over the model's {full}", "dimensions")
     name = str(body["model"])
-    return Request(EMBEDDINGS, name, list(texts), str(encoding), dimensions, list(texts))
+    return Request(EMBEDDINGS, name, texts, str(encoding), dimensions, texts)  # the one list, never changed
 
 
 def _input_texts(value: object, cls: type[Model], detokenize: Detokenizer | None) -> list[str]:

@@ -20,6 +20,8 @@ from worker.openai_compat.requests import CHAT, EMBEDDINGS, Request
 # batchwork's finish reasons as OpenAI names them.
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
+# noop's output 0 as an embedding, already encoded.
+ZERO_VECTOR = orjson.Fragment(b"[0.0]")
 # Counts the tokens of texts for ``usage`` (None: unknown, counted as 0).
 TokenCounter = Callable[[list[str]], list[int]] | None
 
@@ -69,15 +71,12 @@ def embeddings_body(request: Request, outputs: Sequence[Any], count_tokens: Toke
 
 
 def encode_vector(request: Request, output: Any) -> Any:
+    plain = request.encoding_format == "float" and request.dimensions is None
     if isinstance(output, RawJson):
-        if (
-            request.encoding_format == "float"
-            and request.dimensions is None
-            and output.text not in ("0", b"0")
-        ):
-            return orjson.Fragment(output.text)
+        if plain:
+            return ZERO_VECTOR if output.text in ("0", b"0") else orjson.Fragment(output.text)
         output = output.value()
-    if request.encoding_format == "float" and request.dimensions is None and isinstance(output, list):
+    if plain and isinstance(output, list):
         return output
     vector = np.asarray([0.0] if output == 0 else output, dtype=np.float32).reshape(-1)
     if request.dimensions is not None:

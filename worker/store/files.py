@@ -8,7 +8,7 @@ columns.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +18,7 @@ from worker.store import tables
 from worker.store.db import client_errors
 
 CHUNK_BYTES = 4 * 2**20  # bytes per file_chunks row
+READ_CHUNKS = 4  # chunk rows read per query when a file is served (a batch's output has many small ones)
 COMMIT_BYTES = 32 * 2**20  # a large file is written in transactions of about this much
 ACTIVE_STATES = ("validating", "in_progress", "finalizing", "cancelling")
 
@@ -34,6 +35,7 @@ class FileRecord:
     purpose: str
     bytes: int
     created_at: datetime
+    expires_at: datetime | None = None  # gone after this (a batch output's output_expires_after)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,15 +80,13 @@ class FileStore:
         except BaseException:
             self.drop_bytes(record.id)
             raise
-        stored = FileRecord(
-            record.id, record.tenant, record.filename, record.purpose, size, record.created_at
-        )
+        stored = replace(record, bytes=size)
         with client_errors(self.url), self.engine.begin() as conn:
             self.add(conn, stored)
         return stored
 
     def get(self, file_id: str, tenants: Collection[str]) -> FileRecord | None:
-        query = select(tables.files).where(_FILE.id == file_id, _FILE.tenant.in_(list(tenants)))
+        query = select(tables.files).where(_FILE.id == file_id, _FILE.tenant.in_(list(tenants)), _unexpired())
         with client_errors(self.url), self.engine.connect() as conn:
             row = conn.execute(query).one_or_none()
         return None if row is None else FileRecord(**row._asdict())
@@ -94,7 +94,7 @@ class FileStore:
     def page(
         self, tenants: Collection[str], purpose: str | None, after: str | None, limit: int, newest_first: bool
     ) -> Page:
-        query = select(tables.files).where(_FILE.tenant.in_(list(tenants)))
+        query = select(tables.files).where(_FILE.tenant.in_(list(tenants)), _unexpired())
         if purpose is not None:
             query = query.where(_FILE.purpose == purpose)
         with client_errors(self.url), self.engine.connect() as conn:
@@ -102,16 +102,36 @@ class FileStore:
         return Page([FileRecord(**row._asdict()) for row in rows[:limit]], len(rows) > limit)
 
     def content(self, file_id: str) -> Iterator[bytes]:
-        """The file's bytes a chunk at a time, each its own short query."""
+        """The file's bytes a chunk at a time, READ_CHUNKS chunks a short query."""
         seq = 0
         while True:
-            query = select(_CHUNK.data).where(_CHUNK.file_id == file_id, _CHUNK.seq == seq)
+            query = (
+                select(_CHUNK.data)
+                .where(_CHUNK.file_id == file_id, _CHUNK.seq >= seq, _CHUNK.seq < seq + READ_CHUNKS)
+                .order_by(_CHUNK.seq)
+            )
             with client_errors(self.url), self.engine.connect() as conn:
-                data = conn.execute(query).scalar_one_or_none()
-            if data is None:
+                pieces = list(conn.scalars(query))
+            for data in pieces:
+                yield bytes(data)
+            if len(pieces) < READ_CHUNKS:
                 return
-            yield bytes(data)
-            seq += 1
+            seq += READ_CHUNKS
+
+    @staticmethod
+    def append(conn: Connection, file_id: str, seq: int, data: bytes) -> None:
+        """One more chunk row of a file written piece by piece (a batch's output while its jobs run), in the
+        caller's transaction."""
+        conn.execute(insert(tables.file_chunks), [{"file_id": file_id, "seq": seq, "data": data}])
+
+    def sweep_expired(self) -> int:
+        """Delete the files whose ``expires_at`` has passed, bytes and all; how many."""
+        with client_errors(self.url), self.engine.begin() as conn:
+            gone = list(conn.scalars(select(_FILE.id).where(_FILE.expires_at < utcnow())))
+            if gone:
+                conn.execute(delete(tables.file_chunks).where(_CHUNK.file_id.in_(gone)))
+                conn.execute(delete(tables.files).where(_FILE.id.in_(gone)))
+        return len(gone)
 
     def lines(self, file_id: str) -> Iterator[bytes]:
         """The file's lines (without their newlines), across chunk edges; a leading UTF-8 BOM is dropped."""
@@ -250,6 +270,24 @@ class BatchStore:
         with client_errors(self.url), self.engine.begin() as own:
             return bool(own.execute(stmt).rowcount == 1)
 
+    def record_written(
+        self,
+        conn: Connection,
+        batch_id: str,
+        owner: str,
+        written: dict[str, Any],
+        lease_s: float,
+        **counts: int,
+    ) -> bool:
+        """Store the output writer's cursor (and the lines it counted) in ``conn``'s transaction, renewing
+        the lease, if ``owner`` still holds the batch; False (write nothing then) otherwise."""
+        stmt = (
+            update(tables.openai_batches)
+            .where(_BATCH.id == batch_id, _BATCH.status.in_(ACTIVE_STATES), _BATCH.claimed_by == owner)
+            .values(written=written, claimed_until=utcnow() + timedelta(seconds=lease_s), **counts)
+        )
+        return bool(conn.execute(stmt).rowcount == 1)
+
     def active_using(self, file_id: str) -> bool:
         """Is the file the input of a batch not yet finished?"""
         query = select(_BATCH.id).where(_BATCH.input_file_id == file_id, _BATCH.status.in_(ACTIVE_STATES))
@@ -287,6 +325,10 @@ def _keyset(
     return query.order_by(*order).limit(limit + 1)
 
 
+def _unexpired() -> Any:
+    return or_(_FILE.expires_at.is_(None), _FILE.expires_at > utcnow())
+
+
 def _file_row(record: FileRecord) -> dict[str, Any]:
     return {
         "id": record.id,
@@ -295,4 +337,5 @@ def _file_row(record: FileRecord) -> dict[str, Any]:
         "purpose": record.purpose,
         "bytes": record.bytes,
         "created_at": record.created_at,
+        "expires_at": record.expires_at,
     }

@@ -203,6 +203,9 @@ class File(Base):
     purpose: Mapped[str] = mapped_column(String(32))  # batch (uploaded) or batch_output (written)
     bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    # A batch output's end (the batch's output_expires_after); past it the file is gone (404), its bytes
+    # deleted by the next API process that sweeps.
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
 
 
 class FileChunk(Base):
@@ -243,6 +246,10 @@ class OpenAIBatch(Base):
     completed: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     failed: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     errors: Mapped[Any] = mapped_column(JSON(none_as_null=True), nullable=True)  # errors.data[] at validation
+    # How far the output and error files are written while the jobs run (api.batch_output.Cursor), committed
+    # with the bytes it covers; ``completed``/``failed`` count the lines written.
+    written: Mapped[Any] = mapped_column(JSON(none_as_null=True), nullable=True)
+    output_expires_s: Mapped[int | None] = mapped_column(Integer)  # output_expires_after.seconds
     output_file_id: Mapped[str | None] = mapped_column(String(64))
     error_file_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
