@@ -43,6 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(checker.start)
+        await run_in_threadpool(served.warm)
         openai.start()
         yield
         openai.close()

@@ -53,6 +53,13 @@ class Backend:
             raise broker_unavailable(self.settings.broker_url, exc) from exc
         return {priority: int(length) for priority, length in zip(PRIORITIES, lengths, strict=True)}
 
+    def warm(self) -> None:
+        """Import and connect what a submit publishes with (the producer's module, its Redis connection)
+        before the first submit, which would pay for them otherwise; a broker that is away now is no error
+        (health says so, and a submit answers 503)."""
+        if not self.settings.embedded:
+            _check(self.client._publisher.client.ping)
+
     def health(self) -> dict[str, str]:
         """ "ok" or the error, for the broker and the database."""
         return {"broker": _check(self._ping_broker), "database": _check(self._ping_database)}

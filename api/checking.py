@@ -16,11 +16,13 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
 
 from starlette.concurrency import run_in_threadpool
 
 from api.spool import CheckedPiece, Piece, check_piece
 from worker.errors import SetupError
+from worker.models.registry import UnknownModel, model_class
 from worker.settings import Settings
 
 
@@ -39,7 +41,7 @@ class Checker:
         """Start the processes now, so that the first upload does not wait for them."""
         if self.processes:
             pool = self._running_pool()
-            for future in [pool.submit(_ready) for _ in range(self.processes)]:
+            for future in [pool.submit(_ready, self.settings) for _ in range(self.processes)]:
                 future.result()
 
     async def check(self, piece: Piece, model: str, priority: str) -> CheckedPiece:
@@ -99,5 +101,8 @@ def _die_with(parent_pid: int) -> None:
     threading.Thread(target=watch, name="batchwork-parent-watch", daemon=True).start()
 
 
-def _ready() -> None:
-    """Nothing: a process that ran it has imported what checking needs."""
+def _ready(settings: Settings) -> None:
+    """Import what checking needs, each served model's module included, so that no upload waits for it."""
+    for name in settings.served:
+        with suppress(UnknownModel):  # a model that cannot be imported: its uploads say so, one line each
+            model_class(name, settings)

@@ -41,8 +41,13 @@ JobId = Annotated[
     str, Path(description="a job id from POST /v1/jobs (a UUID)", json_schema_extra={"format": "uuid"})
 ]
 
-# NDJSON arrives in socket-sized pieces (~64 KiB); it is checked a MiB at a time (one hop to a checker each).
-FEED_BYTES = 2**20
+# NDJSON arrives in socket-sized pieces (~64 KiB); it is checked 256 KiB at a time (one hop to a checker
+# each, ~4,000 short lines): small enough that the checks of the body's end, which the answer waits for, are
+# short, large enough that a hop costs little beside its check.
+FEED_BYTES = 2**18
+# Pieces in flight per checking process: one being checked, one waiting in its pipe, so none idles while
+# the event loop spools a verdict.
+PIECES_PER_CHECKER = 2
 
 _SUBMIT_BODY = {
     "required": True,
@@ -124,9 +129,10 @@ async def _submit_ndjson(
 
 
 async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) -> int:
-    """Cut the body into pieces as it arrives, check up to ``checker.width`` of them at once while reading
-    on, and spool each in body order as its check ends; the number of items."""
+    """Cut the body into pieces as it arrives, check them ``checker.width`` at a time while reading on, and
+    spool each in body order as its check ends; the number of items."""
     checks: deque[asyncio.Task[CheckedPiece]] = deque()
+    in_flight = checker.width * PIECES_PER_CHECKER
 
     def check(piece: Piece | None) -> None:
         if piece is not None:
@@ -137,11 +143,11 @@ async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) ->
         async for data in request.stream():
             received += data
             if len(received) >= FEED_BYTES:
-                check(spool.piece(bytes(received)))
+                check(spool.piece(received))
                 received.clear()
-                while checks and (checks[0].done() or len(checks) > checker.width):
+                while checks and (checks[0].done() or len(checks) >= in_flight):
                     spool.add(await checks.popleft())
-        check(spool.piece(bytes(received)))
+        check(spool.piece(received))
         check(spool.last_piece())
         while checks:
             spool.add(await checks.popleft())

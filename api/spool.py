@@ -87,18 +87,22 @@ class NdjsonSpool:
         self._partial = b""  # the body's last bytes after its last newline so far
         self._max_line_bytes = settings.max_input_chars * 6 + LINE_OVERHEAD_BYTES
 
-    def piece(self, data: bytes) -> Piece | None:
+    def piece(self, data: bytes | bytearray) -> Piece | None:
         """The whole lines that the next bytes of the body complete, as a piece to check (None if they
-        complete none); InvalidInput for a line too long to be one item."""
-        data = self._partial + data
+        complete none); InvalidInput for a line too long to be one item. ``data`` is copied once, into the
+        piece (the caller may reuse its buffer)."""
         end = data.rfind(b"\n") + 1
-        self._partial = data[end:]
         lines = data.count(b"\n", 0, end)
+        if not end:
+            self._partial += data
+        else:
+            whole = self._partial + memoryview(data)[:end]
+            self._partial = bytes(memoryview(data)[end:])
         if len(self._partial) > self._max_line_bytes:
             raise InvalidInput(f"line {self._lines + lines + 1}: over {self._max_line_bytes} bytes")
         if not end:
             return None
-        piece = Piece(data[:end], self._lines + 1)
+        piece = Piece(whole, self._lines + 1)
         self._lines += lines
         return piece
 

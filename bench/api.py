@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             api.wait_ready()
             key = _key(database_url)
-            job_id = submit_section(args, f"http://127.0.0.1:{args.port}", key)
+            job_id = submit_section(args, f"http://127.0.0.1:{args.port}", key, api)
             poll_section(args, args.port, key, job_id)
             _print_problems(api)
         finally:
@@ -101,39 +101,52 @@ def _key(database_url: str) -> str:
     return KeyStore(ResultStore.for_url(database_url).engine).create("bench")[1]
 
 
-def submit_section(args: argparse.Namespace, url: str, key: str) -> str:
+def submit_section(args: argparse.Namespace, url: str, key: str, api: WorkerProcess) -> str:
     from worker.client import Client
 
     inputs = items(args.items)
     body = b"".join(orjson.dumps(item) + b"\n" for item in inputs)
     client = Client()
     http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=600)
-    seconds: dict[str, list[float]] = {"client.submit": [], "POST /v1/jobs (NDJSON)": []}
+    client_path, api_path = "client.submit", "POST /v1/jobs (NDJSON)"
+    seconds: dict[str, list[float]] = {client_path: [], api_path: []}
+    # CPU seconds of the path's own processes: this one for client.submit; the API and its checking
+    # processes for the POST (Redis and PostgreSQL are left out of both). On a loaded machine they move
+    # less than wall time.
+    cpu: dict[str, list[float]] = {client_path: [], api_path: []}
     job_id = ""
     for _ in range(args.repeats):
-        started = time.perf_counter()
+        started, cpu_before = time.perf_counter(), time.process_time()
         client.submit(MODEL, inputs)
-        seconds["client.submit"].append(time.perf_counter() - started)
-        started = time.perf_counter()
+        seconds[client_path].append(time.perf_counter() - started)
+        cpu[client_path].append(time.process_time() - cpu_before)
+        started, cpu_before = time.perf_counter(), processes.group_cpu_s(api.pid)
         answer = http.post(
             "/v1/jobs",
             params={"model": MODEL},
             content=body,
             headers={"Content-Type": "application/x-ndjson"},
         )
-        seconds["POST /v1/jobs (NDJSON)"].append(time.perf_counter() - started)
+        seconds[api_path].append(time.perf_counter() - started)
+        cpu[api_path].append(processes.group_cpu_s(api.pid) - cpu_before)
         if answer.status_code != 202:
             raise RuntimeError(f"the API refused the submit: {answer.status_code} {answer.text}")
         job_id = answer.json()["id"]
     print(f"\n1. submit of {args.items:,} {MODEL} items ({len(body) / 2**20:.1f} MiB of NDJSON), no worker")
     rates = {name: args.items / statistics.median(values) for name, values in seconds.items()}
     rows = [
-        (name, " ".join(f"{value:.2f}" for value in values), f"{rates[name]:,.0f}")
+        (
+            name,
+            " ".join(f"{value:.2f}" for value in values),
+            f"{rates[name]:,.0f}",
+            " ".join(f"{value:.2f}" for value in cpu[name]),
+        )
         for name, values in seconds.items()
     ]
-    print_table(("path", "seconds per run", "items/s (median)"), rows)
-    api_rate, client_rate = rates["POST /v1/jobs (NDJSON)"], rates["client.submit"]
-    print(f"API / client.submit: {api_rate / client_rate:.2f}x (target >= 0.8x)")
+    print_table(("path", "seconds per run", "items/s (median)", "CPU s per run"), rows)
+    api_rate, client_rate = rates[api_path], rates[client_path]
+    print(f"API / client.submit: {api_rate / client_rate:.2f}x (target >= 1.0x)")
+    print(f"load average: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
     return job_id
 
 

@@ -167,6 +167,9 @@ def test_a_bad_ndjson_line_refuses_the_whole_body_and_enqueues_nothing(env: dict
 def test_listing_pages_through_a_tenants_jobs_newest_first_with_a_cursor(env: dict[str, str]) -> None:
     alice = make_key(env["BATCHWORK_DATABASE_URL"], "alice")
     with api_server(env) as api:  # no worker: the jobs stay queued
+        # Where it listens, in the line benches wait for (uvicorn is silent about a socket passed to it).
+        announced = f"Uvicorn running on {api.url}"
+        wait_until(lambda: any(announced in line for line in api.log), 10, lambda: "\n".join(api.log))
         client = Tenant(api.url, alice)
         ids = [client.submit(ECHO, [f"job {n}"])["id"] for n in range(5)]
         pages: list[list[str]] = []

@@ -96,10 +96,26 @@ def api(
     listening = _listening_socket(host, port)
     # No access log: /metrics counts requests by route and status without a line per poll.
     config = uvicorn.Config(create_app(settings), access_log=False, log_level="info")
-    server = uvicorn.Server(config)
+    server = _announcing_server(config, f"http://{host}:{port}")
     server.run(sockets=[listening])
     if not server.started:  # the app's startup failed (uvicorn logged why)
         raise typer.Exit(1)
+
+
+def _announcing_server(config: Any, url: str) -> Any:
+    """uvicorn's server, which says where it listens once it does: uvicorn itself stays silent about sockets
+    passed in (it expects its own multi-process supervisor to have said so), and benches wait for the line."""
+    import logging
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                logging.getLogger("uvicorn.error").info("Uvicorn running on %s (Press CTRL+C to quit)", url)
+
+    return Server(config)
 
 
 def _listening_socket(host: str, port: int) -> Any:

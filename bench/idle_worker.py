@@ -1,0 +1,39 @@
+"""The CPU an idle ``batchwork worker`` (noop) spends on its own loops: the consumer thread's fetch and outbox
+timers, the watch and store threads. That fixed cost is what a worker loses to a plain loop when it gets only
+a share of the machine (bench.pipeline figure 1).
+
+Starts its own Redis and PostgreSQL as bench.pipeline does; prints one line, never asserts. From the
+repository root: ``python -m bench.idle_worker [--seconds 20]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+
+from bench import processes
+from bench.stack import batchwork_worker, services
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=20, help="how long to measure the idle worker")
+    parser.add_argument("--redis-url", help="an existing Redis (default: a redis-server of the bench's own)")
+    parser.add_argument("--redis-db", type=int, default=14)
+    parser.add_argument("--postgres-url", help="an existing PostgreSQL (default: its own)")
+    args = parser.parse_args(argv)
+    args.worker_setting = []  # what bench.stack.services reads: no extra worker settings
+    with services(args) as found:
+        worker = batchwork_worker(found, "idle")
+        worker.wait_ready()
+        time.sleep(3)  # past its start-up
+        before, started = processes.group_cpu_s(worker.pid), time.monotonic()
+        time.sleep(args.seconds)
+        used = processes.group_cpu_s(worker.pid) - before
+        print(f"idle noop worker: {used / (time.monotonic() - started):.3f} cores over {args.seconds:g} s")
+        worker.stop()
+
+
+if __name__ == "__main__":
+    main()
