@@ -42,6 +42,7 @@ class Pages(Protocol):
     def allocate(self, count: int, after: int | None = None) -> list[int]:
         """``count`` free pages; ``after``: the sequence's last page, which the new ones should follow."""
         ...
+
     def release(self, pages: list[int]) -> None: ...
 
 

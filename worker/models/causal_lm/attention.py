@@ -116,7 +116,8 @@ def _decode(
     batched call would first copy every row's pages side by side, padded to the longest (three times
     the memory traffic, measured). The rows' matmuls (the bulk of the work) stay batched in the model.
     """
-    out = torch.empty(1, query.shape[2], query.shape[1], query.shape[3], dtype=query.dtype, device=query.device)
+    _, heads, rows, dim = query.shape
+    out = torch.empty(1, rows, heads, dim, dtype=query.dtype, device=query.device)
     for row, context in enumerate(step.contexts):
         keys, values = step.pool.context(layer, context.first, context.length, context.pages)
         if window is not None and window < context.length:  # the newest ``window`` tokens

@@ -36,8 +36,8 @@ class PagePool:
         import torch
 
         shape = (layers, pages, page_tokens, heads, head_dim)
-        # Zeros, not empty: masked-out cache positions still meet the attention weights (as 0 * value),
-        # and 0 * NaN from uninitialised memory would poison the whole row.
+        # Zeros, not empty: no read ever reaches past a sequence's own tokens today, but a padded or masked
+        # read would still meet them (as 0 * value), and 0 * NaN from uninitialised memory poisons a row.
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.page_tokens = page_tokens

@@ -129,8 +129,10 @@ class Network:
 
 
 def length_groups(positions: list[int]) -> list[list[int] | None]:
-    """(No longer how decode reads the cache, which is row by row and unpadded; bench.continuous_batching
-    still counts padded reads with it.) Rows split so that contexts within a group are within 2x of each other; [None] for one group."""
+    """Rows split so that contexts within a group are within 2x of each other; [None] for one group.
+
+    No longer how decode reads the cache (row by row, unpadded); bench.continuous_batching still counts
+    padded reads with it."""
     order = sorted(range(len(positions)), key=positions.__getitem__)
     groups: list[list[int]] = []
     for row in order:
