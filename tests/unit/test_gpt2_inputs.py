@@ -115,7 +115,7 @@ class FakePages:
     def free_pages(self) -> int:
         return len(self.free)
 
-    def allocate(self, count: int) -> list[int]:
+    def allocate(self, count: int, after: int | None = None) -> list[int]:
         assert count <= len(self.free), "the scheduler asked for pages that are not free"
         taken, self.free = self.free[:count], self.free[count:]
         return taken

@@ -39,7 +39,10 @@ class Pages(Protocol):
 
     @property
     def free_pages(self) -> int: ...
-    def allocate(self, count: int) -> list[int]: ...
+    def allocate(self, count: int, after: int | None = None) -> list[int]:
+        """``count`` free pages; ``after``: the sequence's last page, which the new ones should follow."""
+        ...
+
     def release(self, pages: list[int]) -> None: ...
 
 
@@ -150,7 +153,7 @@ class SequenceScheduler:
             # Terminates: only running sequences hold pages, and any one alone fits (prepare checked).
             self._preempt(self._running[-1])
         for seq in full:
-            seq.pages.extend(self.pages.allocate(1))
+            seq.pages.extend(self.pages.allocate(1, after=seq.pages[-1] if seq.pages else None))
         return list(self._running)
 
     def _preempt(self, seq: LiveSequence) -> None:

@@ -24,30 +24,29 @@ NAME = "batchwork_paged"
 
 
 @dataclass(frozen=True, slots=True)
-class DecodeGroup:
-    """Decoding rows whose contexts are within 2x of each other: their pages, longest context and mask."""
+class Context:
+    """One decoding row's cached tokens (this step's included): the ``length`` tokens from slot ``first``
+    when its pages are consecutive (a slice of the pool, read in place), else those of ``pages``."""
 
-    rows: torch.Tensor | None  # None: every row of the step
-    table: torch.Tensor  # [rows, pages]
     length: int
-    positions: torch.Tensor  # [rows]: each row's new token's position
-    visible: torch.Tensor  # [rows, 1, 1, length]: the cached positions each row attends to (no window)
+    first: int = 0
+    pages: torch.Tensor | None = None  # [pages] when not consecutive: they are gathered
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
     """One forward's layout. Prefill: one sequence's whole context from position 0. Decode: one new token
-    per sequence, each attending over its cached tokens in ``groups``."""
+    per sequence, each attending over its own cached tokens, ``contexts`` in row order."""
 
     pool: PagePool
     slots: (
         torch.Tensor
     )  # [tokens]: where each new token's key and value go in the pool (page * size + offset)
-    groups: tuple[DecodeGroup, ...] = ()  # empty: a prefill
+    contexts: tuple[Context, ...] = ()  # empty: a prefill
 
     @property
     def prefill(self) -> bool:
-        return not self.groups
+        return not self.contexts
 
 
 def register() -> None:
@@ -81,7 +80,7 @@ def paged_attention(
     if step.prefill:
         out = _prefill(query, key, value, scaling, window, softcap)
     else:
-        out = _decode(step, layer, query[0].transpose(0, 1)[:, :, None], scaling, window, softcap)
+        out = _decode(step, layer, query, scaling, window, softcap)
     return out, None
 
 
@@ -111,22 +110,29 @@ def _decode(
     window: int | None,
     softcap: float | None,
 ) -> torch.Tensor:
-    """query [rows, heads, 1, dim] over each row's cached keys (this token's included) ->
-    [1, rows, heads, dim]."""
-    out = None if len(step.groups) == 1 else torch.empty_like(query)
-    for group in step.groups:
-        keys, values = step.pool.gather(layer, group.table, group.length)
-        visible = group.visible
-        if window is not None and window < group.length:
-            at = torch.arange(group.length, device=query.device)
-            visible = visible & (at[None, :] > group.positions[:, None] - window)[:, None, None]
-        rows = query if group.rows is None else query[group.rows]
-        part = _attend(rows, keys, values, visible, scale, softcap, causal=False)
-        if out is None:
-            return part.transpose(1, 2).transpose(0, 1)
-        out[group.rows] = part
-    assert out is not None
-    return out.transpose(1, 2).transpose(0, 1)
+    """query [1, heads, rows, dim], a new token per row, over each row's cached keys -> [1, rows, heads, dim].
+
+    Row by row, with no padding and no mask: on the CPU the step is bound by reading the cache, and a
+    batched call would first copy every row's pages side by side, padded to the longest (three times
+    the memory traffic, measured). The rows' matmuls (the bulk of the work) stay batched in the model.
+    """
+    _, heads, rows, dim = query.shape
+    out = torch.empty(1, rows, heads, dim, dtype=query.dtype, device=query.device)
+    for row, context in enumerate(step.contexts):
+        keys, values = step.pool.context(layer, context.first, context.length, context.pages)
+        if window is not None and window < context.length:  # the newest ``window`` tokens
+            keys, values = keys[-window:], values[-window:]
+        part = _attend(
+            query[:, :, row : row + 1],
+            keys.transpose(0, 1)[None],
+            values.transpose(0, 1)[None],
+            None,
+            scale,
+            softcap,
+            causal=False,
+        )
+        out[:, row] = part[:, :, 0]
+    return out
 
 
 def _attend(

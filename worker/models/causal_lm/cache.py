@@ -7,6 +7,7 @@ imported only when a pool is made, so the page arithmetic can be imported anywhe
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,28 +36,58 @@ class PagePool:
         import torch
 
         shape = (layers, pages, page_tokens, heads, head_dim)
-        # Zeros, not empty: masked-out cache positions still meet the attention weights (as 0 * value),
-        # and 0 * NaN from uninitialised memory would poison the whole row.
+        # Zeros, not empty: no read ever reaches past a sequence's own tokens today, but a padded or masked
+        # read would still meet them (as 0 * value), and 0 * NaN from uninitialised memory poisons a row.
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.page_tokens = page_tokens
         self.pages = pages
-        # A stack: the most recently freed page is reused first, while it may still be in a CPU cache.
-        self._free = list(range(pages - 1, -1, -1))
+        self._free = bytearray(b"\x01") * pages  # 1: the page is free
+        self._free_count = pages
 
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        return self._free_count
 
-    def allocate(self, count: int) -> list[int]:
-        if count > len(self._free):
-            raise RuntimeError(f"KV cache: {count} pages asked for, {len(self._free)} free")
-        taken = self._free[len(self._free) - count :]
-        del self._free[len(self._free) - count :]
-        return taken
+    def allocate(self, count: int, after: int | None = None) -> list[int]:
+        """``count`` free pages: those right after page ``after`` (a sequence's last) when free, else a run
+        in the middle of the widest free stretch, so that the sequence before it can grow too.
+
+        A sequence whose pages are consecutive is one slice of the pool, which attention reads in place;
+        any other is gathered first (a copy: on the CPU that copy cost twice the attention itself).
+        """
+        if count > self._free_count:
+            raise RuntimeError(f"KV cache: {count} pages asked for, {self._free_count} free")
+        free = self._free
+        if after is not None and free[after + 1 : after + 1 + count] == b"\x01" * count:
+            start = after + 1
+        else:
+            start, width = max(self._free_runs(), key=lambda run: run[1])
+            if width < count:  # fragmented: the lowest free pages, wherever they are
+                taken = [page for page, is_free in enumerate(free) if is_free][:count]
+                for page in taken:
+                    free[page] = 0
+                self._free_count -= count
+                return taken
+            if start > 0:  # a sequence ends just before this stretch: leave it half of the room
+                start += (width - count) // 2
+        free[start : start + count] = bytes(count)
+        self._free_count -= count
+        return list(range(start, start + count))
 
     def release(self, pages: list[int]) -> None:
-        self._free.extend(reversed(pages))
+        for page in pages:
+            self._free[page] = 1
+        self._free_count += len(pages)
+
+    def _free_runs(self) -> Iterator[tuple[int, int]]:
+        """(first page, pages) of every maximal stretch of free pages."""
+        free, at = self._free, self._free.find(1)
+        while at >= 0:
+            end = free.find(0, at)
+            end = len(free) if end < 0 else end
+            yield at, end - at
+            at = free.find(1, end)
 
     def write(
         self,
@@ -76,16 +107,20 @@ class PagePool:
         self.keys[layer].flatten(0, 1).index_copy_(0, slots, keys)
         self.values[layer].flatten(0, 1).index_copy_(0, slots, values)
 
-    def gather(self, layer: int, table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values [batch, heads, length, dim] of the sequences whose pages are the rows of ``table``.
+    def context(
+        self, layer: int, first: int, length: int, pages: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [length, heads, dim] of one sequence: a view of the ``length`` slots from slot
+        ``first`` (consecutive pages), or its ``pages`` gathered (any others)."""
+        if pages is None:
+            return (
+                self.keys[layer].flatten(0, 1)[first : first + length],
+                self.values[layer].flatten(0, 1)[first : first + length],
+            )
+        return self._gather(self.keys[layer], pages, length), self._gather(self.values[layer], pages, length)
 
-        Rows shorter than ``length`` hold whatever their padding pages hold; the caller masks them out.
-        """
-        return self._rows(self.keys[layer], table, length), self._rows(self.values[layer], table, length)
-
-    def _rows(self, store: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
-        batch, pages = table.shape
-        # index_select, not store[table]: on the CPU advanced indexing was 4x slower for the same copy.
-        gathered = store.index_select(0, table.flatten())  # [batch * pages, tokens, heads, dim]
-        tokens = gathered.view(batch, pages * self.page_tokens, *store.shape[2:])
-        return tokens[:, :length].transpose(1, 2)
+    def _gather(self, store: torch.Tensor, pages: torch.Tensor, length: int) -> torch.Tensor:
+        # index_select over a 2-d view (a page a row), not store[pages]: on the CPU advanced indexing was
+        # 4x slower for the same copy, and index_select over the 4-d pool itself 9x slower.
+        gathered = store.flatten(1).index_select(0, pages)  # [pages, page elements]
+        return gathered.view(-1, *store.shape[2:])[:length]

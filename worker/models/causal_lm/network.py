@@ -100,18 +100,20 @@ class Network:
     def decode(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> torch.Tensor:
         """Feed each sequence its latest token at its own position, over its own cache: logits [b, vocab].
 
-        Attention reads each sequence's cache padded only to the longest context of its length group
-        (contexts within 2x of each other), not of the whole batch: in a continuous batch long and short
-        sequences run side by side, and one long context would otherwise make every row pay.
+        Each row's attention reads only its own cached tokens: in place when its pages are consecutive
+        (as the pool hands them out while it can), else gathered.
         """
-        at = torch.tensor(positions, device=self.device)
-        table = self._page_table(pages)
-        rows = torch.arange(len(tokens), device=self.device)
         size = self.pool.page_tokens
-        slots = table[rows, at // size] * size + at % size
-        groups = tuple(self._group(index, positions, at, table) for index in length_groups(positions))
-        step = attention.Step(self.pool, slots, groups)
-        return self._forward(torch.tensor(tokens, device=self.device), at, step, keep=0)
+        slots, contexts = [], []
+        for at, held in zip(positions, pages, strict=True):
+            slots.append(held[at // size] * size + at % size)
+            if held[-1] - held[0] == len(held) - 1 and held == list(range(held[0], held[-1] + 1)):
+                contexts.append(attention.Context(at + 1, first=held[0] * size))
+            else:
+                contexts.append(attention.Context(at + 1, pages=torch.tensor(held, device=self.device)))
+        step = attention.Step(self.pool, torch.tensor(slots, device=self.device), tuple(contexts))
+        ids = torch.tensor(tokens, device=self.device)
+        return self._forward(ids, torch.tensor(positions, device=self.device), step, keep=0)
 
     def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, step: attention.Step, keep: int
@@ -125,26 +127,12 @@ class Network:
         )
         return out.logits[0]
 
-    def _group(
-        self, index: list[int] | None, positions: list[int], at: torch.Tensor, table: torch.Tensor
-    ) -> attention.DecodeGroup:
-        rows = None if index is None else torch.tensor(index, device=self.device)
-        length = max(positions if index is None else [positions[i] for i in index]) + 1
-        pages = -(-length // self.pool.page_tokens)
-        group_table = (table if rows is None else table[rows])[:, :pages]
-        group_at = at if rows is None else at[rows]
-        visible = torch.arange(length, device=self.device)[None, :] <= group_at[:, None]
-        return attention.DecodeGroup(rows, group_table, length, group_at, visible[:, None, None])
-
-    def _page_table(self, pages: list[list[int]]) -> torch.Tensor:
-        """One row of page ids per sequence; short rows are padded with page 0, whose contents the
-        attention mask hides from them."""
-        widest = max(len(p) for p in pages)
-        return torch.tensor([p + [0] * (widest - len(p)) for p in pages], device=self.device)
-
 
 def length_groups(positions: list[int]) -> list[list[int] | None]:
-    """Rows split so that contexts within a group are within 2x of each other; [None] for one group."""
+    """Rows split so that contexts within a group are within 2x of each other; [None] for one group.
+
+    No longer how decode reads the cache (row by row, unpadded); bench.continuous_batching still counts
+    padded reads with it."""
     order = sorted(range(len(positions)), key=positions.__getitem__)
     groups: list[list[int]] = []
     for row in order:
