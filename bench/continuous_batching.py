@@ -606,13 +606,23 @@ def compare_networks(args: argparse.Namespace, checkpoint: Path, vocab: int, eos
     prompts = workload(args.requests or (24 if args.quick else 64), vocab, eos, args.seed)
     arrivals = steady(prompts, 0.0)
     runs: dict[str, Run] = {}
+    # CPU seconds of this process per run as well as wall time: on a shared box other processes stretch
+    # the wall time of whichever run they overlap, but hardly the CPU time our one thread spends.
+    cpu_s: dict[str, float] = {}
     for _ in range(args.reps):
         for name, engine in engines.items():
+            before = time.process_time()
             run = measure_continuous(engine, arrivals)
+            cpu_s[name] = min(cpu_s.get(name, math.inf), time.process_time() - before)
             if name not in runs or run.tokens_per_s() > runs[name].tokens_per_s():
                 runs[name] = run
     reference = reference_ids(checkpoint, prompts)
     print_networks(costs, runs, prompts, reference)
+    ours, generic = engines
+    print(
+        f"CPU seconds of the run (least of {args.reps}): {ours} {cpu_s[ours]:.2f}, {generic} "
+        f"{cpu_s[generic]:.2f}; generic / gpt2 network {cpu_s[generic] / cpu_s[ours]:.2f}x"
+    )
 
 
 def best_of(rounds: Sequence[Sequence[StepCost]]) -> list[StepCost]:
@@ -680,8 +690,17 @@ def print_networks(
         )
     print(f"gpt2 network / generic tokens/s: {runs[ours].tokens_per_s() / runs[generic].tokens_per_s():.2f}x")
     for name, run in runs.items():
-        same = sum(run.tokens[i] == ids for i, ids in enumerate(reference))
-        print(f"{name}: greedy ids equal transformers' generate(do_sample=False) for {same}/{len(prompts)}")
+        differing = [i for i, ids in enumerate(reference) if run.tokens[i] != ids]
+        firsts = ", ".join(
+            f"request {i} from token {_first_difference(run.tokens[i], reference[i])} of {len(reference[i])}"
+            for i in differing
+        )
+        print(
+            f"{name}: greedy ids equal transformers' generate(do_sample=False) for "
+            f"{len(prompts) - len(differing)}/{len(prompts)}" + (f" (differ: {firsts})" if differing else "")
+        )
+    same = sum(runs[ours].tokens[i] == runs[generic].tokens[i] for i in range(len(prompts)))
+    print(f"gpt2 network and generic give the same ids for {same}/{len(prompts)}")
 
 
 # -- main ------------------------------------------------------------------------------------------
