@@ -1,6 +1,6 @@
 """GPT-2 in plain torch: the weights of a local checkpoint, a one-sequence prefill and a one-token decode
 step over the generate kind's paged KV cache; ``gpt2``'s forwards in place of transformers' (measured
-faster on the same requests: bench/README.md, "gpt2's network").
+faster on the same requests: bench/README.md, "gpt2's network vs the generic path").
 
 It must never use transformers' model classes (they are the tests' reference) nor reach a model hub, and
 it keeps no per-sequence state: the cache pages and positions of each sequence come in with every call.
