@@ -1,10 +1,13 @@
 """Continuous vs static vs one-at-a-time batching of one GPT2 engine, and static batching as a server
 calling transformers' generate does it, under steady arrivals, on wall time.
 
-It drives ``worker.models.causal_lm.GPT2`` (the generate kind over gpt2's ``path``) directly (no
-Celery) on a random-weight GPT-2 checkpoint it builds in a temp dir (reused by later runs), and prints
-tokens/s, request latency and a step-cost table explaining them. It never asserts and never downloads.
-Run from the repository root: ``python -m bench.continuous_batching [--quick]``.
+It drives ``worker.models.gpt2.GPT2`` (the generate kind's step loop over gpt2's own network) directly
+(no Celery) on a random-weight GPT-2 checkpoint it builds in a temp dir (reused by later runs), and prints
+tokens/s, request latency and a step-cost table explaining them. ``--networks`` instead runs the same
+requests through gpt2's network and through the generic path (``generate:`` over the same directory),
+both under the same engine and settings, and checks both against transformers' greedy ``generate``.
+It never asserts and never downloads. Run from the repository root:
+``python -m bench.continuous_batching [--quick] [--networks]``.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from typing import Any
 from worker.batching.sequences import Generation, pages_for
 from worker.models.batched_runs import Request, WallClock, run_continuous, run_static
 from worker.models.causal_lm.inputs import Prompt
-from worker.models.causal_lm.model import GPT2, PAGE_TOKENS
+from worker.models.causal_lm.model import PAGE_TOKENS, CausalLM
 from worker.models.causal_lm.network import length_groups
+from worker.models.gpt2 import GPT2
+from worker.models.registry import parse_model_entry, spec_class
 from worker.settings import Settings
 
 PROMPT_TOKENS = (5, 40)
@@ -93,7 +98,7 @@ class Recorded:
     """The engine as a driver sees it, recording each admission and each step into a Run. A step is
     ``GPT2.advance``, so the run keeps every request's token ids, not only its text."""
 
-    def __init__(self, engine: GPT2, run: Run) -> None:
+    def __init__(self, engine: CausalLM, run: Run) -> None:
         self.engine, self.run = engine, run
         self.max_running = engine.max_running
         self.clock = WallClock()  # the run starts now; the driver is handed this clock
@@ -150,7 +155,7 @@ class FixedShape(Recorded):
     asks ``can_admit`` while the engine is idle and before the batch is admitted: the KV budget holds every
     slot's worst case (load_engine), so the batch size alone limits a batch."""
 
-    def __init__(self, engine: GPT2, run: Run) -> None:
+    def __init__(self, engine: CausalLM, run: Run) -> None:
         super().__init__(engine, run)
         self._taken: list[tuple[Hashable, Prompt]] = []
         self._asked: dict[Hashable, int] = {}  # the batch in flight: each row's own max_new_tokens
@@ -225,15 +230,21 @@ def build_checkpoint(directory: Path, shape: ModelShape, seed: int) -> None:
     model.save_pretrained(directory)
 
 
-def load_engine(checkpoint: Path, max_batch: int, device: str) -> GPT2:
+def load_engine(checkpoint: Path, max_batch: int, device: str, generic: bool = False) -> CausalLM:
+    """gpt2 (its own network), or with ``generic`` the generate kind over the same directory (the model
+    transformers loads, attention ours); the same options either way."""
     # Room for max_batch sequences at their worst case: the KV cache never limits a policy, only the slots.
     worst = PROMPT_TOKENS[1] + NEW_TOKENS[1]
     budget = max_batch * pages_for(worst, PAGE_TOKENS) * PAGE_TOKENS
-
-    class Engine(GPT2):
-        max_running = max_batch  # a class setting, read by load when it sizes the SequenceScheduler
-
-    engine = Engine(Settings(model_options={"gpt2": {"path": str(checkpoint), "kv_budget_tokens": budget}}))
+    options = {"kv_budget_tokens": budget, "max_running": max_batch}
+    if generic:
+        spec = parse_model_entry(f"generate:{checkpoint}")
+        cls = spec_class(spec)
+        settings = Settings(model_options={spec.name: options})
+    else:
+        cls, settings = GPT2, Settings(model_options={"gpt2": options | {"path": str(checkpoint)}})
+    engine = cls(settings)
+    assert isinstance(engine, CausalLM)
     engine.load(device)
     return engine
 
@@ -262,14 +273,14 @@ def steady(prompts: Sequence[Prompt], interval_s: float) -> list[Arrival]:
 # -- the policies: worker.models.batched_runs's two drivers, recorded ------------------------------
 
 
-def measure_continuous(engine: GPT2, arrivals: Sequence[Arrival]) -> Run:
+def measure_continuous(engine: CausalLM, arrivals: Sequence[Arrival]) -> Run:
     """Before every step, admit whatever has arrived while ``can_admit`` allows; a finished one leaves."""
     recorded = Recorded(engine, Run("continuous"))
     run_continuous(recorded, arrivals, recorded.clock)
     return recorded.finished()
 
 
-def measure_static(engine: GPT2, arrivals: Sequence[Arrival], batch_size: int, policy: str) -> Run:
+def measure_static(engine: CausalLM, arrivals: Sequence[Arrival], batch_size: int, policy: str) -> Run:
     """When the engine is free, take what has arrived (up to ``batch_size``; else wait for the next
     arrival) and run that batch to its end with no admissions; ``batch_size=1`` is one at a time. A
     finished row leaves the batch and costs nothing more."""
@@ -278,7 +289,7 @@ def measure_static(engine: GPT2, arrivals: Sequence[Arrival], batch_size: int, p
     return recorded.finished()
 
 
-def measure_fixed(engine: GPT2, arrivals: Sequence[Arrival], batch_size: int) -> Run:
+def measure_fixed(engine: CausalLM, arrivals: Sequence[Arrival], batch_size: int) -> Run:
     """``measure_static``, but a finished row keeps its place, as in a fixed-shape batch (see FixedShape)."""
     recorded = FixedShape(engine, Run("static, fixed"))
     run_static(recorded, arrivals, batch_size, recorded.clock)
@@ -381,7 +392,7 @@ class StepCost:
     prefill_s: float
 
 
-def step_costs(engine: GPT2, batches: Sequence[int], vocab: int, rounds: int) -> list[StepCost]:
+def step_costs(engine: CausalLM, batches: Sequence[int], vocab: int, rounds: int) -> list[StepCost]:
     """Each figure the best of ``rounds``, the rounds sweeping every batch size in turn, so a burst of
     outside load hits one round of each rather than every round of one."""
     rng = random.Random(0)
@@ -402,7 +413,9 @@ def step_costs(engine: GPT2, batches: Sequence[int], vocab: int, rounds: int) ->
     ]
 
 
-def probe(engine: GPT2, prompt_tokens: Sequence[int], vocab: int, rng: random.Random) -> tuple[float, float]:
+def probe(
+    engine: CausalLM, prompt_tokens: Sequence[int], vocab: int, rng: random.Random
+) -> tuple[float, float]:
     """Prefill time of these prompts together, and the median of the PROBE_STEPS decode steps after it."""
     for key, length in enumerate(prompt_tokens):
         prompt = tuple(rng.randrange(1, vocab) for _ in range(length))
@@ -572,6 +585,126 @@ def _split(run: Run, arrivals: Sequence[Arrival]) -> str:
     return f"{queued:.2f} + {running:.2f} s"
 
 
+# -- gpt2's network vs the generic path (--networks) -----------------------------------------------
+
+
+def compare_networks(args: argparse.Namespace, checkpoint: Path, vocab: int, eos: int) -> None:
+    """The same requests through gpt2's own network and through the generic path, side by side: step
+    costs at batch 1 and ``--max-batch``, then the whole workload (all queued at once) continuously
+    batched, each the best of ``--reps`` runs taken in turn; then both runs' ids against transformers'
+    greedy ``generate`` one request at a time."""
+    engines = {
+        "gpt2 network": load_engine(checkpoint, args.max_batch, args.device),
+        "generic": load_engine(checkpoint, args.max_batch, args.device, generic=True),
+    }
+    batches = sorted({1, args.max_batch})
+    for engine in engines.values():  # untimed: the process's first kernels (allocator, oneDNN) warm up
+        probe(engine, [SHORT_PROMPT_TOKENS], vocab, random.Random(0))
+    rounds: dict[str, list[list[StepCost]]] = {name: [] for name in engines}
+    for _ in range(1 if args.quick else 2):
+        for name, engine in engines.items():
+            rounds[name].append(step_costs(engine, batches, vocab, rounds=1))
+    costs = {name: best_of(runs) for name, runs in rounds.items()}
+    prompts = workload(args.requests or (24 if args.quick else 64), vocab, eos, args.seed)
+    arrivals = steady(prompts, 0.0)
+    runs: dict[str, Run] = {}
+    # CPU seconds of this process per run as well as wall time: on a shared box other processes stretch
+    # the wall time of whichever run they overlap, but hardly the CPU time our one thread spends.
+    cpu_s: dict[str, float] = {}
+    for _ in range(args.reps):
+        for name, engine in engines.items():
+            before = time.process_time()
+            run = measure_continuous(engine, arrivals)
+            cpu_s[name] = min(cpu_s.get(name, math.inf), time.process_time() - before)
+            if name not in runs or run.tokens_per_s() > runs[name].tokens_per_s():
+                runs[name] = run
+    reference = reference_ids(checkpoint, prompts)
+    print_networks(costs, runs, prompts, reference)
+    ours, generic = engines
+    print(
+        f"CPU seconds of the run (least of {args.reps}): {ours} {cpu_s[ours]:.2f}, {generic} "
+        f"{cpu_s[generic]:.2f}; generic / gpt2 network {cpu_s[generic] / cpu_s[ours]:.2f}x"
+    )
+
+
+def best_of(rounds: Sequence[Sequence[StepCost]]) -> list[StepCost]:
+    """Each figure the least of the rounds'."""
+    return [
+        StepCost(
+            costs[0].batch,
+            min(c.short_s for c in costs),
+            min(c.long_s for c in costs),
+            min(c.mixed_s for c in costs),
+            min(c.prefill_s for c in costs),
+        )
+        for costs in zip(*rounds, strict=True)
+    ]
+
+
+def reference_ids(checkpoint: Path, prompts: Sequence[Prompt]) -> list[tuple[int, ...]]:
+    """transformers' greedy ``generate`` (do_sample=False), one request at a time: each one's new ids."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(str(checkpoint), local_files_only=True).eval()
+    with torch.inference_mode():
+        return [generate_batch(model, [prompt], prompt.max_new_tokens)[0] for prompt in prompts]
+
+
+def print_networks(
+    costs: dict[str, list[StepCost]],
+    runs: dict[str, Run],
+    prompts: Sequence[Prompt],
+    reference: Sequence[tuple[int, ...]],
+) -> None:
+    (ours, generic) = runs  # the two names, gpt2's network first
+    print(
+        f"\ndecode step ms (median of {PROBE_STEPS} steps, best of rounds taken in turn): from "
+        f"{SHORT_PROMPT_TOKENS}-token prompts (short), {LONG_PROMPT_TOKENS}-token ones (long); prefill: the "
+        "batch's short prompts, one sequence a forward"
+    )
+    header = ["network", "batch", "short", "long", "mixed", "prefill"]
+    print("".join(f"{h:>14}" for h in header))
+    for name, figures in costs.items():
+        for cost in figures:
+            cells = [name, cost.batch, f"{cost.short_s * 1e3:.2f}", f"{cost.long_s * 1e3:.2f}"]
+            cells += [f"{cost.mixed_s * 1e3:.2f}" if cost.batch > 1 else "-", f"{cost.prefill_s * 1e3:.1f}"]
+            print("".join(f"{c!s:>14}" for c in cells))
+    for mine, theirs in zip(costs[ours], costs[generic], strict=True):
+        ratios = {
+            "short": theirs.short_s / mine.short_s,
+            "long": theirs.long_s / mine.long_s,
+            "prefill": theirs.prefill_s / mine.prefill_s,
+        }
+        shown = ", ".join(f"{name} {ratio:.2f}x" for name, ratio in ratios.items())
+        print(f"generic / gpt2 network step time at batch {mine.batch}: {shown}")
+    new_tokens = [p.max_new_tokens for p in prompts]
+    print(
+        f"\nworkload: {len(prompts)} requests queued at once, prompts "
+        f"{min(len(p.token_ids) for p in prompts)}-{max(len(p.token_ids) for p in prompts)} tokens, "
+        f"max_new_tokens {min(new_tokens)}-{max(new_tokens)} (sum {sum(new_tokens)}), greedy, continuous"
+    )
+    for name, run in runs.items():
+        print(
+            f"{name:>14}: {run.tokens_per_s():.0f} tokens/s, makespan {run.makespan_s():.2f} s, "
+            f"{len(run.step_s)} steps of {statistics.fmean(run.step_s) * 1e3:.2f} ms, mean batch "
+            f"{statistics.fmean(run.step_batches):.1f}"
+        )
+    print(f"gpt2 network / generic tokens/s: {runs[ours].tokens_per_s() / runs[generic].tokens_per_s():.2f}x")
+    for name, run in runs.items():
+        differing = [i for i, ids in enumerate(reference) if run.tokens[i] != ids]
+        firsts = ", ".join(
+            f"request {i} from token {_first_difference(run.tokens[i], reference[i])} of {len(reference[i])}"
+            for i in differing
+        )
+        print(
+            f"{name}: greedy ids equal transformers' generate(do_sample=False) for "
+            f"{len(prompts) - len(differing)}/{len(prompts)}" + (f" (differ: {firsts})" if differing else "")
+        )
+    same = sum(runs[ours].tokens[i] == runs[generic].tokens[i] for i in range(len(prompts)))
+    print(f"gpt2 network and generic give the same ids for {same}/{len(prompts)}")
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 
@@ -600,6 +733,11 @@ def parse_args() -> argparse.Namespace:
     # with 1, under the same outside load).
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--networks", action="store_true", help="gpt2's network vs the generic path on the same requests"
+    )
+    parser.add_argument("--reps", type=int, default=2, help="--networks: runs of the workload per network")
+    parser.add_argument("--device", default="cpu", help="--networks: cpu or cuda")
     args = parser.parse_args()
     if args.sweep is None:
         args.sweep = "" if args.quick else "0.5,1.5"
@@ -618,7 +756,7 @@ def full_rate(costs: Sequence[StepCost]) -> float:
 
 
 def print_sweep(
-    engine: GPT2, prompts: Sequence[Prompt], loads: Sequence[float], costs: Sequence[StepCost]
+    engine: CausalLM, prompts: Sequence[Prompt], loads: Sequence[float], costs: Sequence[StepCost]
 ) -> None:
     """Continuous vs static at other arrival rates, to show the ratios are no accident of one Δ."""
     header = ["load", "Δ ms", "cont tok/s", "static tok/s", "ratio", "cont p99 s", "static p99 s", "ratio"]
@@ -674,6 +812,11 @@ def main() -> None:
     checkpoint = checkpoint_for(shape, args.seed)
     config = json.loads((checkpoint / "config.json").read_text())
     tokenizer_vocab = len(json.loads((checkpoint / "tokenizer.json").read_text())["model"]["vocab"])
+    if args.networks:
+        print(f"GPT-2, random weights (seed {args.seed}): {shape.describe(config['vocab_size'])}")
+        print(f"{args.device}, torch threads {torch.get_num_threads()}; max running {args.max_batch}")
+        compare_networks(args, checkpoint, tokenizer_vocab, config["eos_token_id"])
+        return
     engine = load_engine(checkpoint, args.max_batch, "cpu")
     print(f"GPT-2, random weights (seed {args.seed}): {shape.describe(config['vocab_size'])}")
     print(

@@ -1,7 +1,9 @@
-"""The GPT-2 decoder against transformers' own GPT-2 on a tiny random checkpoint built offline.
+"""gpt2 (the generate kind's steps over our own GPT-2 network) against transformers' own GPT-2 on a tiny
+random checkpoint built offline.
 
 Greedy outputs equal ``GPT2LMHeadModel.generate`` token for token while sequences join and leave the
-batch; preemption under a small KV budget changes nothing; a seed gives the same text in any company.
+batch, and equal the generic path's (``generate:`` over the same directory); preemption under a small KV
+budget changes nothing; a seed gives the same text in any company.
 """
 
 from __future__ import annotations
@@ -15,13 +17,18 @@ import torch
 from transformers import AutoTokenizer, GPT2LMHeadModel
 
 # The fixtures are imported to be used; each test naming one as an argument needs its own noqa: F811.
+from tests.integration.tiny_causal_lm import tiny_checkpoints  # noqa: F401
 from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos, with_pytorch_bin  # noqa: F401
 from worker.batching.sequences import Generation
 from worker.errors import InvalidInput
+from worker.models.base import Finished
 from worker.models.batched_runs import Request, run_continuous, run_static
-from worker.models.causal_lm import GPT2
+from worker.models.causal_lm import CausalLM
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.device import resolve_device
+from worker.models.gpt2 import GPT2
+from worker.models.gpt2.network import GPT2Network
+from worker.models.registry import model_class
 from worker.settings import Settings
 
 DEVICE = resolve_device("auto")
@@ -127,6 +134,52 @@ def test_greedy_equals_transformers_token_for_token(variant: str, request: pytes
     assert any(after < before for (_, before), (_, after) in zip(trace, trace[1:], strict=False))
     reasons = {done[i].finish_reason for i in range(len(CASES))}
     assert reasons == ({"length"} if variant == "tiny_gpt2" else {"eos", "length"})
+
+
+def served(name: str, settings: Settings) -> CausalLM:
+    """The model a worker serves under ``name``, loaded."""
+    model = model_class(name, settings)(settings)
+    assert isinstance(model, CausalLM)
+    model.load(DEVICE)
+    return model
+
+
+def outputs(model: CausalLM, items: Sequence[dict]) -> list[Finished]:
+    return run_continuous(model, in_order(payloads(model, items)))
+
+
+def test_gpt2_steps_its_own_network_as_transformers_and_the_generic_path_do(
+    tiny_gpt2_eos: Path,  # noqa: F811
+) -> None:
+    # Some sequences end by EOS (this variant's), others by length, one in company of others that leave.
+    items = [*greedy_items(), {"prompt": "The cache", "max_new_tokens": 60}]
+    gpt2 = served("gpt2", Settings(model_options={"gpt2": {"path": str(tiny_gpt2_eos)}}))
+    entry = f"generate:{tiny_gpt2_eos}"
+    generic = served(entry, Settings(models=[entry]))
+    # The private seam: a test per framework-facing attribute, so a refactor that drops the own network
+    # for the generic one fails here rather than only in bench.continuous_batching --networks.
+    assert isinstance(gpt2._network, GPT2Network)
+    assert not isinstance(generic._network, GPT2Network)
+    joins = [join for _, _, join in CASES] + [1]
+    done, _ = staggered(gpt2, payloads(gpt2, items), joins)
+    assert [list(done[i].token_ids) for i in range(len(items))] == reference_ids(tiny_gpt2_eos, items)
+    assert {done[i].finish_reason for i in range(len(items))} == {"eos", "length"}
+    # The whole outputs (text, tokens, finish_reason, prompt_tokens) equal the generic path's.
+    assert outputs(gpt2, items) == outputs(generic, items)
+
+
+def test_gpt2_over_another_architecture_runs_the_generic_path(
+    tiny_checkpoints: dict[str, Path],  # noqa: F811
+) -> None:
+    llama = tiny_checkpoints["llama"]
+    gpt2 = served("gpt2", Settings(model_options={"gpt2": {"path": str(llama)}}))
+    assert not isinstance(gpt2._network, GPT2Network)
+    entry = f"generate:{llama}"
+    items = [
+        {"prompt": "The cache", "max_new_tokens": 12},
+        {"prompt": "A scheduler decides", "max_new_tokens": 5},
+    ]
+    assert outputs(gpt2, items) == outputs(served(entry, Settings(models=[entry])), items)
 
 
 def test_outputs_are_text_token_count_and_reason(tiny_gpt2_eos: Path) -> None:  # noqa: F811

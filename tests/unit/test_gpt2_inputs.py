@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from tests.support.fresh import fresh_python
 from worker.batching.sequences import Generation, SequenceScheduler
 from worker.models.base import InvalidInput
-from worker.models.causal_lm import GPT2
 from worker.models.causal_lm.inputs import Prompt
+from worker.models.gpt2 import GPT2
 from worker.settings import Settings
 
 MAX_CHARS = 100

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # The models batchwork ships; a deployment serves all of them unless BATCHWORK_MODELS says otherwise.
 # Import paths rather than classes, so a built-in's module is imported only when it is asked for.
 BUILTIN_MODELS: dict[str, str] = {
-    "gpt2": "worker.models.causal_lm:GPT2",
+    "gpt2": "worker.models.gpt2:GPT2",
     "minilm": "worker.models.minilm:MiniLM",
     "noop": "worker.models.noop:Noop",
     "simulated": "worker.models.simulated:Simulated",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from pydantic import Field
 
@@ -23,13 +23,24 @@ from worker.models.causal_lm.inputs import Prompt, Request, check_request, read_
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from worker.models.causal_lm.network import Network
+    from worker.models.causal_lm.cache import PagePool
+    from worker.models.causal_lm.network import Shape
     from worker.settings import Settings
 
 # Tokens per KV-cache page: small enough that a sequence wastes under a page, large enough that the
 # page table of a 4096-token sequence stays 256 entries.
 PAGE_TOKENS = 16
 T = TypeVar("T")
+
+
+class Forwards(Protocol):
+    """The model side of a step (network.Network, or gpt2's own): forwards over ``pool``, logits out."""
+
+    pool: PagePool
+
+    def prefill(self, context: list[int], pages: list[int]) -> Any: ...
+
+    def decode(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> Any: ...
 
 
 class CausalLMOptions(ModelOptions):
@@ -56,7 +67,7 @@ class CausalLM(StepModel):
         limit = cast(CausalLMOptions, self.options()).max_running
         if limit is not None:
             self.max_running = limit  # type: ignore[misc]  # an instance's own limit over the class default
-        self._network: Network | None = None
+        self._network: Forwards | None = None
         self._scheduler: SequenceScheduler | None = None
         # Two tokenizers: prepare runs on the engine's prepare thread while step decodes on the model thread,
         # and one fast tokenizer used from two threads at once can fail with "RuntimeError: Already
@@ -117,8 +128,7 @@ class CausalLM(StepModel):
         from transformers import AutoTokenizer
 
         from worker.models.causal_lm import sampling
-        from worker.models.causal_lm.cache import PagePool
-        from worker.models.causal_lm.network import DTYPES, Network, load_model, read_shape
+        from worker.models.causal_lm.network import DTYPES
         from worker.models.precision import UnsupportedPrecision, check_precision
 
         options = cast(CausalLMOptions, self.options())
@@ -128,6 +138,22 @@ class CausalLM(StepModel):
             )
         check_precision(options.precision, device)
         checkpoint = self.checkpoint_dir(self.settings)
+        self._network, shape = self.load_network(checkpoint, device)
+        self._scheduler = SequenceScheduler(self._network.pool, self.max_running)
+        self._context = shape.context_tokens
+        self._eos = shape.eos_token_ids
+        # local_files_only: a missing tokenizer file must fail here, never turn into a download.
+        self._encoder = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
+        self._decoder = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
+        self._sampling = sampling
+
+    def load_network(self, checkpoint: Path, device: str) -> tuple[Forwards, Shape]:
+        """The checkpoint's forwards over a fresh KV pool of ``kv_budget_tokens``, and its shape: the model
+        transformers loads, attention ours. The seam where a model with its own network (gpt2) plugs in."""
+        from worker.models.causal_lm.cache import PagePool
+        from worker.models.causal_lm.network import DTYPES, Network, load_model, read_shape
+
+        options = cast(CausalLMOptions, self.options())
         model = load_model(checkpoint, options.precision, device)
         shape = read_shape(model)
         pool = PagePool(
@@ -139,14 +165,7 @@ class CausalLM(StepModel):
             dtype=DTYPES[options.precision],
             device=device,
         )
-        self._network = Network(model, pool, device)
-        self._scheduler = SequenceScheduler(pool, self.max_running)
-        self._context = shape.context_tokens
-        self._eos = shape.eos_token_ids
-        # local_files_only: a missing tokenizer file must fail here, never turn into a download.
-        self._encoder = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
-        self._decoder = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
-        self._sampling = sampling
+        return Network(model, pool, device), shape
 
     def prepare(self, checked: Sequence[Request]) -> list[Prepared]:
         """Tokenize a whole message at once. Never raises for one item: a prompt too long for the context or
