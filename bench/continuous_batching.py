@@ -30,7 +30,6 @@ from worker.batching.sequences import Generation, pages_for
 from worker.models.batched_runs import Request, WallClock, run_continuous, run_static
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.causal_lm.model import PAGE_TOKENS, CausalLM
-from worker.models.causal_lm.network import length_groups
 from worker.models.gpt2 import GPT2
 from worker.models.registry import parse_model_entry, spec_class
 from worker.settings import Settings
@@ -67,8 +66,8 @@ Arrival = Request[Prompt]
 @dataclass
 class Run:
     """One policy's outcome: per request its admission and finish offsets and tokens; per step its batch,
-    wall time and the cache it read (``kv_read``: each decoding row padded to the longest of its length
-    group, as the network's decode gathers it; ``kv_used``: the rows' own lengths)."""
+    wall time and the cached tokens it read (``kv_read``: each decoding row its own context, unpadded, as
+    the network's decode reads it)."""
 
     policy: str
     admit_s: dict[Hashable, float] = field(default_factory=dict)
@@ -78,7 +77,6 @@ class Run:
     step_batches: list[int] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
     kv_read: int = 0
-    kv_used: int = 0
     preemptions: int = 0
 
     def latencies_s(self, arrivals: Sequence[Arrival]) -> list[float]:
@@ -124,11 +122,8 @@ class Recorded:
         # (the KV budget holds every slot's worst case; the output prints the preemption count).
         contexts = list(self._decoding.values())
         if contexts:
-            # As the network's decode reads them: each row padded to the longest of its length group.
-            for group in length_groups([tokens - 1 for tokens in contexts]):
-                rows = contexts if group is None else [contexts[row] for row in group]
-                run.kv_read += len(rows) * max(rows)
-            run.kv_used += sum(contexts)
+            # As the network's decode reads them: each row its own context, unpadded.
+            run.kv_read += sum(contexts)
         run.step_batches.append(self.engine.running())
         before = time.monotonic()
         generations = self.engine.advance()
@@ -461,8 +456,8 @@ def print_step_costs(costs: Sequence[StepCost]) -> None:
 
 def print_runs(runs: Sequence[Run], arrivals: Sequence[Arrival]) -> None:
     header = ["policy", "tokens/s", "makespan s", "p50 lat s", "p99 lat s", "steps", "batch", "step ms"]
-    widths = [14, 10, 12, 11, 11, 7, 7, 9, 10, 9]
-    header += ["KV/step", "padding"]
+    widths = [14, 10, 12, 11, 11, 7, 7, 9, 10]
+    header += ["KV/step"]
     print("\n" + "".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
     for run in runs:
         latencies = run.latencies_s(arrivals)
@@ -476,13 +471,11 @@ def print_runs(runs: Sequence[Run], arrivals: Sequence[Arrival]) -> None:
             f"{statistics.fmean(run.step_batches):.1f}",
             f"{statistics.fmean(run.step_s) * 1e3:.2f}",
             f"{run.kv_read / len(run.step_s):.0f}" if run.kv_read else "-",
-            f"{1 - run.kv_used / run.kv_read:.0%}" if run.kv_read else "-",
         ]
         print("".join(f"{c!s:>{w}}" for c, w in zip(cells, widths, strict=True)))
     print(
         "(batch: mean running sequences per step; step ms: mean wall time of one engine.advance(); KV/step: "
-        "cached tokens a decode step gathers, each row padded to the longest of its length group; padding: "
-        "the share of those that are padding)"
+        "cached tokens a decode step reads, each row its own context)"
     )
 
 
@@ -534,7 +527,7 @@ def print_why(runs: Sequence[Run], arrivals: Sequence[Arrival], costs: Sequence[
         print(
             f"  {run.policy:>10}: {batch:4.1f} sequences a step at {step * 1e3:5.2f} ms = "
             f"{step * 1e3 / batch:.2f} ms/token, reading {run.kv_read / len(run.step_s):.0f} cached tokens "
-            f"a step ({1 - run.kv_used / run.kv_read:.0%} padding); engine busy "
+            f"a step; engine busy "
             f"{sum(run.step_s) / run.makespan_s():.0%}, done {run.makespan_s() - last_arrival_s:.2f} s "
             f"after the last arrival"
         )
@@ -554,10 +547,9 @@ def print_why(runs: Sequence[Run], arrivals: Sequence[Arrival], costs: Sequence[
     print(
         f"  cache: at batch {full.batch} a step costs {full.short_s * 1e3:.1f} ms short, "
         f"{full.long_s * 1e3:.1f} ms long, {full.mixed_s * 1e3:.1f} ms with one long among short: "
-        f"the network's decode gathers each row's pages padded to the longest of its length group (contexts "
-        f"within 2x), so attention costs about the cached tokens read; every policy generates the same "
-        f"tokens from the same contexts, so this work is the same for all but the padding, which continuous "
-        f"batches (long and short side by side) pay more of than static ones (whose members start together)"
+        f"the network's decode reads each row's own cached tokens, unpadded, so attention costs about the "
+        f"cached tokens read; every policy generates the same tokens from the same contexts, so this work "
+        f"is the same for all of them"
     )
     print_latency_why(continuous, static, arrivals)
 

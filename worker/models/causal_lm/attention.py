@@ -49,6 +49,20 @@ class Step:
         return not self.contexts
 
 
+def decode_step(pool: PagePool, positions: list[int], pages: list[list[int]], device: str) -> Step:
+    """The layout of a decode step: each row's new token at ``positions[row]`` over its ``pages``, read in
+    place when they are consecutive (as the pool hands them out while it can), else gathered."""
+    size = pool.page_tokens
+    slots, contexts = [], []
+    for at, held in zip(positions, pages, strict=True):
+        slots.append(held[at // size] * size + at % size)
+        if held[-1] - held[0] == len(held) - 1 and held == list(range(held[0], held[-1] + 1)):
+            contexts.append(Context(at + 1, first=held[0] * size))
+        else:
+            contexts.append(Context(at + 1, pages=torch.tensor(held, device=device)))
+    return Step(pool, torch.tensor(slots, device=device), tuple(contexts))
+
+
 def register() -> None:
     """Make ``batchwork_paged`` an attention implementation transformers knows (once per process)."""
     from transformers import AttentionInterface
@@ -80,7 +94,7 @@ def paged_attention(
     if step.prefill:
         out = _prefill(query, key, value, scaling, window, softcap)
     else:
-        out = _decode(step, layer, query, scaling, window, softcap)
+        out = decode_rows(step, layer, query, scaling, window, softcap)
     return out, None
 
 
@@ -102,7 +116,7 @@ def _prefill(
     return out.transpose(1, 2)
 
 
-def _decode(
+def decode_rows(
     step: Step,
     layer: int,
     query: torch.Tensor,

@@ -103,15 +103,7 @@ class Network:
         Each row's attention reads only its own cached tokens: in place when its pages are consecutive
         (as the pool hands them out while it can), else gathered.
         """
-        size = self.pool.page_tokens
-        slots, contexts = [], []
-        for at, held in zip(positions, pages, strict=True):
-            slots.append(held[at // size] * size + at % size)
-            if held[-1] - held[0] == len(held) - 1 and held == list(range(held[0], held[-1] + 1)):
-                contexts.append(attention.Context(at + 1, first=held[0] * size))
-            else:
-                contexts.append(attention.Context(at + 1, pages=torch.tensor(held, device=self.device)))
-        step = attention.Step(self.pool, torch.tensor(slots, device=self.device), tuple(contexts))
+        step = attention.decode_step(self.pool, positions, pages, self.device)
         ids = torch.tensor(tokens, device=self.device)
         return self._forward(ids, torch.tensor(positions, device=self.device), step, keep=0)
 
@@ -126,18 +118,3 @@ class Network:
             batchwork=step,
         )
         return out.logits[0]
-
-
-def length_groups(positions: list[int]) -> list[list[int] | None]:
-    """Rows split so that contexts within a group are within 2x of each other; [None] for one group.
-
-    No longer how decode reads the cache (row by row, unpadded); bench.continuous_batching still counts
-    padded reads with it."""
-    order = sorted(range(len(positions)), key=positions.__getitem__)
-    groups: list[list[int]] = []
-    for row in order:
-        if groups and positions[row] + 1 <= 2 * (positions[groups[-1][0]] + 1):
-            groups[-1].append(row)
-        else:
-            groups.append([row])
-    return [None] if len(groups) == 1 else list(groups)

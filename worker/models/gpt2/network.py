@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from worker.models.causal_lm import attention
 from worker.models.causal_lm.cache import PagePool
 from worker.models.causal_lm.network import Shape as Layout
-from worker.models.causal_lm.network import length_groups
 
 # Both names are the tanh approximation GPT-2 was trained with.
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
@@ -162,50 +162,20 @@ class GPT2Network:
     def decode(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> torch.Tensor:
         """Feed each sequence its latest token at its own position, over its own cache: logits [b, vocab].
 
-        Attention reads each sequence's cache padded only to the longest context of its length group
-        (contexts within 2x of each other), not of the whole batch: in a continuous batch long and
-        short sequences run side by side, and one long context would otherwise make every row pay.
+        Each row's attention reads only its own cached tokens, as the generic network's decode does (the
+        same step layout and the same row-by-row attention: in place where its pages are consecutive).
         """
-        at = torch.tensor(positions, device=self.device)
-        rows = torch.arange(len(tokens), device=self.device)
-        table = self._page_table(pages)
-        size = self.pool.page_tokens
-        slots = table[rows, at // size] * size + at % size
-        groups = [self._decode_group(index, positions, at, table) for index in length_groups(positions)]
+        step = attention.decode_step(self.pool, positions, pages, self.device)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.pool.write_slots(layer, slots, k[:, :, 0], v[:, :, 0])
-            out = q if len(groups) == 1 else torch.empty_like(q)
-            for index, group_table, length, mask in groups:
-                keys, values = self.pool.gather(layer, group_table, length)
-                part = F.scaled_dot_product_attention(
-                    q if index is None else q[index], keys, values, attn_mask=mask, scale=self.scales[layer]
-                )
-                if index is None:
-                    return part
-                out[index] = part
-            return out
+            self.pool.write_slots(layer, step.slots, k[:, :, 0], v[:, :, 0])
+            # [rows, heads, 1, dim] here; decode_rows takes transformers' layout [1, heads, rows, dim].
+            out = attention.decode_rows(step, layer, q.transpose(0, 2), self.scales[layer], None, None)
+            return out[0].unsqueeze(2)
 
+        at = torch.tensor(positions, device=self.device)
         ids = torch.tensor(tokens, device=self.device)[:, None]
         return self._logits(self._layers(ids, at[:, None], attend)[:, 0])
-
-    def _decode_group(
-        self, index: list[int] | None, positions: list[int], at: torch.Tensor, table: torch.Tensor
-    ) -> tuple[torch.Tensor | None, torch.Tensor, int, torch.Tensor]:
-        """Row index, page table, context length and mask of one length group (index None: every row)."""
-        rows = None if index is None else torch.tensor(index, device=self.device)
-        length = max(positions if index is None else [positions[i] for i in index]) + 1
-        pages = -(-length // self.pool.page_tokens)
-        group_table = (table if rows is None else table[rows])[:, :pages]
-        group_at = at if rows is None else at[rows]
-        mask = (torch.arange(length, device=self.device)[None, :] <= group_at[:, None])[:, None, None]
-        return rows, group_table, length, mask
-
-    def _page_table(self, pages: list[list[int]]) -> torch.Tensor:
-        """One row of page ids per sequence; short rows are padded with page 0, whose contents the
-        attention mask hides from them."""
-        widest = max(len(p) for p in pages)
-        return torch.tensor([p + [0] * (widest - len(p)) for p in pages], device=self.device)
 
     def _layers(self, ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
         hidden = self.wte[ids] + self.wpe[positions]
