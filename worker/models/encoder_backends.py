@@ -300,8 +300,8 @@ class OnnxRunner:
         options.intra_op_num_threads = _threads()
         options.inter_op_num_threads = 1
         # ORT's pool threads spin between ops by default, taking the CPU the worker's own threads (intake,
-        # store, the run's writer) need; on the shared 2-core box a whole `batchwork run` took 1.3-1.6x the
-        # wall time and 1.4x the CPU with spinning (bench/README.md, "ONNX Runtime settings").
+        # store, the run's writer) need; on the loaded 2-core box a whole `batchwork run` took 1.3-1.7x the
+        # wall time and 1.4-1.5x the CPU with spinning (bench/README.md, "bench.encoders_vs_references").
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
         if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
