@@ -1,8 +1,10 @@
 """The embed and classify kinds against their references, as whole processes, on the 1,500-line mixed sample
 of bench/run_vs_encode.py, in rounds (every side once per round, so a drift of the shared machine hits all):
 
-- MiniLM: ``batchwork run -m embed:<the packaged MiniLM dir>`` and ``-m minilm`` (the hand-written fast path),
-  default settings, vs sentence-transformers ``encode(batch_size=32)`` and its ``backend="onnx"`` encode;
+- MiniLM: ``batchwork run -m minilm`` (the embed kind over the packaged checkpoint), default settings, vs
+  sentence-transformers ``encode(batch_size=32)`` and its ``backend="onnx"`` encode (which needs optimum-onnx
+  and so transformers 4.x: ``--st-onnx-python`` names the interpreter of a venv that has them, see
+  bench/README.md; without it that side runs in this venv and is reported as not measured if it fails);
 - a tiny random XLM-RoBERTa saved by sentence-transformers: ``batchwork run -m embed:DIR`` vs ``encode``;
 - a tiny random BERT classifier: ``batchwork run -m classify:DIR`` vs ``pipeline(..., top_k=None)`` in
   batches of 32.
@@ -10,7 +12,8 @@ of bench/run_vs_encode.py, in rounds (every side once per round, so a drift of t
 The warm-up round exports the ONNX graphs into a fresh cache; counted rounds reuse it (as every worker start
 after the first does). Prints each side's median wall, the median per-round ratio (reference / batchwork:
 above 1 means batchwork is faster) and the agreement (min cosine, or max score difference). Never asserts.
-Run from the repository root: ``python -m bench.encoders_vs_references [--items 1500] [--reps 2]``.
+Run from the repository root: ``python -m bench.encoders_vs_references [--items 1500] [--reps 2]
+[--only minilm,xlmr,classify] [--st-onnx-python /tmp/st_onnx_venv/bin/python]``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,17 +45,31 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=2, help="counted rounds (one warm-up round)")
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--only", default="minilm,xlmr,classify", help="which comparisons")
+    parser.add_argument(
+        "--st-onnx-python",
+        default=sys.executable,
+        help="the interpreter of sentence-transformers' backend='onnx' encode (a venv with optimum-onnx)",
+    )
     return parser.parse_args()
 
 
-def timed(command: list[str], env: dict[str, str]) -> float | str:
-    """Seconds the process took, or its last error line when it failed (a side that cannot run here)."""
+CPU_SECONDS: dict[str, list[float]] = {}
+
+
+def timed(command: list[str], env: dict[str, str], name: str = "") -> float | str:
+    """Seconds the process took, or its last error line when it failed (a side that cannot run here); its CPU
+    seconds (user + system, all its threads and children) go to CPU_SECONDS[name]."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
+    elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         return lines[-1][:160] if lines else f"exit {done.returncode}"
-    return time.perf_counter() - started
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    CPU_SECONDS.setdefault(name, []).append(cpu)
+    return elapsed
 
 
 def rows(path: Path) -> list[object]:
@@ -87,13 +106,14 @@ def main() -> None:
             return timed(
                 [sys.executable, "-m", "worker.cli", "run", str(source), "-m", model, "-o", str(work / out)],
                 env,
+                out,
             )
 
         return side
 
     def reference(task: str, directory: Path, out: str, backend: str = "torch") -> Callable[[], float | str]:
         command = [
-            sys.executable,
+            args.st_onnx_python if backend == "onnx" else sys.executable,
             "-m",
             "bench.st_reference",
             task,
@@ -101,10 +121,11 @@ def main() -> None:
             str(source),
             str(work / out),
         ]
-        return lambda: timed([*command, "--backend", backend], base)
+        return lambda: timed([*command, "--backend", backend], base, out)
 
     comparisons = build(args.only.split(","), work, batchwork, reference)
     print(f"{args.items} texts of 5-40 words; {args.reps} counted rounds after one warm-up; in {work}")
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     sides = {name: fn for comparison in comparisons for name, fn in comparison["sides"].items()}
     walls: dict[str, list[float | str]] = {name: [] for name in sides}
     for rep in range(args.reps + 1):
@@ -112,6 +133,7 @@ def main() -> None:
             result = side()
             if rep or isinstance(result, str):
                 walls[name].append(result)
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for comparison in comparisons:
         report(comparison, walls, work)
 
@@ -124,16 +146,18 @@ def build(only: list[str], work: Path, batchwork: Callable, reference: Callable)
     made: list[dict] = []
     if "minilm" in only:
         minilm = get_model_path()
+        # sentence-transformers' ONNX backend saves its export beside the model: a copy of its own.
+        st_onnx = work / "minilm-st-onnx"
+        shutil.copytree(minilm, st_onnx)
         made.append(
             {
                 "title": "MiniLM (all-MiniLM-L6-v2)",
-                "ours": {"run embed:DIR": "minilm-embed.jsonl", "run minilm (fast path)": "minilm.jsonl"},
+                "ours": {"run minilm": "minilm.jsonl"},
                 "refs": {"encode torch": "st.jsonl", "encode onnx": "st-onnx.jsonl"},
                 "sides": {
-                    "run embed:DIR": batchwork(f"embed:{minilm}", "minilm-embed.jsonl"),
-                    "run minilm (fast path)": batchwork("minilm", "minilm.jsonl"),
+                    "run minilm": batchwork("minilm", "minilm.jsonl"),
                     "encode torch": reference("encode", minilm, "st.jsonl"),
-                    "encode onnx": reference("encode", minilm, "st-onnx.jsonl", "onnx"),
+                    "encode onnx": reference("encode", st_onnx, "st-onnx.jsonl", "onnx"),
                 },
                 "agreement": min_cosine,
             }
@@ -172,9 +196,15 @@ def build(only: list[str], work: Path, batchwork: Callable, reference: Callable)
 
 def report(comparison: dict, walls: dict[str, list[float | str]], work: Path) -> None:
     print(f"\n{comparison['title']}")
+    outputs = comparison["ours"] | comparison["refs"]
     for name in [*comparison["ours"], *comparison["refs"]]:
         failed = [w for w in walls[name] if isinstance(w, str)]
-        shown = f"not measured: {failed[0]}" if failed else f"{statistics.median(walls[name]):.2f} s"
+        cpu = statistics.median(CPU_SECONDS[outputs[name]][1:] or [0.0]) if not failed else 0.0
+        shown = (
+            f"not measured: {failed[0]}"
+            if failed
+            else f"{statistics.median(walls[name]):.2f} s (CPU {cpu:.2f} s)"  # type: ignore[type-var]
+        )
         print(f"  {name:<24} {shown}")
     for ours, out in comparison["ours"].items():
         for ref, ref_out in comparison["refs"].items():

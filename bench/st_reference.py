@@ -1,6 +1,7 @@
 """The reference sides of bench/encoders_vs_references.py, each one whole process over a JSONL file, writing
 one JSON line per input as ``batchwork run`` does: sentence-transformers ``encode(batch_size=32)`` of a
-checkpoint directory (``--backend onnx`` for its own ONNX backend), or transformers'
+checkpoint directory (``--backend onnx`` for its own ONNX backend: the first run exports the model and saves
+it in the directory's ``onnx/`` folder, later runs load that), or transformers'
 ``pipeline("text-classification", top_k=None)`` over the texts in batches of 32.
 
 Run: ``python -m bench.st_reference encode|classify DIR IN.jsonl OUT.jsonl [--backend torch|onnx]``.
@@ -9,6 +10,7 @@ Run: ``python -m bench.st_reference encode|classify DIR IN.jsonl OUT.jsonl [--ba
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import orjson
 
@@ -39,6 +41,9 @@ def encode(directory: str, texts: list[str], backend: str) -> list[object]:
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(directory, device="cpu", backend=backend, local_files_only=True)
+    if backend == "onnx" and not (Path(directory) / "onnx" / "model.onnx").exists():
+        # The first load exported the model; saved as sentence-transformers advises, later loads read it.
+        model.save_pretrained(directory)
     return list(model.encode(texts, batch_size=32, show_progress_bar=False))
 
 

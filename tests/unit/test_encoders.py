@@ -221,6 +221,44 @@ def test_auto_is_onnx_on_a_cpu_and_int8_quantizes_there(root: Path, embed_dirs: 
     assert min_cosine(np.asarray(run(int8, ck.TEXTS)), np.asarray(run(auto, ck.TEXTS))) > 0.9
 
 
+def test_a_cached_onnx_load_imports_neither_torch_nor_transformers_and_gives_the_same_vectors(
+    root: Path, embed_dirs: dict[Any, Path]
+) -> None:
+    """The cache folder holds the graph and the tokenizer as transformers built it, so a later worker start
+    (a new process) needs neither library: 3-7 s of a short run's CPU on the dev box."""
+    directory = embed_dirs[("xlm-roberta", "st6", "lasttoken", True)]
+    first = loaded(root, f"e=embed:{directory}", backend="onnx", prefix="query: ")
+    expected = np.asarray(run(first, ck.TEXTS))
+    code = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from tests.unit.test_encoders import loaded, run\n"
+        "from tests.support import checkpoints as ck\n"
+        f"model = loaded(Path({str(root)!r}), {f'e=embed:{directory}'!r}, backend='onnx', prefix='query: ')\n"
+        "vectors = [v.tolist() for v in run(model, ck.TEXTS)]\n"
+        "heavy = [m for m in sys.modules if m.partition('.')[0] in ('torch', 'transformers')]\n"
+        "print(json.dumps({'heavy': heavy, 'vectors': vectors}))\n"
+    )
+    printed = json.loads(fresh_python(code))
+    assert printed["heavy"] == []
+    assert min_cosine(np.asarray(printed["vectors"]), expected) >= 0.99999
+
+
+def test_a_changed_checkpoint_is_exported_again(tmp_path: Path, embed_dirs: dict[Any, Path]) -> None:
+    """The cache is keyed by the checkpoint's content; the hash of a directory is remembered by each file's
+    size and modification time, so an edited file is hashed (and exported) anew."""
+    directory = copy_of(embed_dirs[("bert", "st6", "mean", True)], tmp_path / "edited")
+    cache = tmp_path / "cache"
+    loaded(cache, f"e=embed:{directory}", backend="onnx")
+    assert len(list((cache / "onnx").glob("*/model.onnx"))) == 1
+    loaded(cache, f"e=embed:{directory}", backend="onnx")
+    assert len(list((cache / "onnx").glob("*/model.onnx"))) == 1
+    readme = directory / "README.md"
+    readme.write_text(readme.read_text() + "\nedited\n" if readme.exists() else "edited\n")
+    loaded(cache, f"e=embed:{directory}", backend="onnx")
+    assert len(list((cache / "onnx").glob("*/model.onnx"))) == 2
+
+
 # ---- refusals: one line naming the path and what is wrong -------------------------------------------------
 
 

@@ -177,3 +177,16 @@ def test_the_budget_lands_every_length_on_a_point_within_the_bound() -> None:
     lane = choose_lane("normal", short + long, bound_ms=50, memory_cap_bytes=None)
     assert lane.max_batch_size == 32 and lane.max_batch_tokens == 4 * 128  # n=4 at 128 tokens: 45 ms
     assert lane.per_length == {16: 32, 128: 4} and lane.p99_batch_ms == 45
+
+
+def test_the_plot_of_a_backends_sweep_draws_the_chosen_pair() -> None:
+    from worker.tuning.report import plotted
+
+    points = [
+        Point(n, 16, 10.0 * n, 11.0 * n, precision=label)
+        for label in ("torch/fp32", "onnx/fp32", "onnx/int8")
+        for n in (1, 2, 4)
+    ]
+    chosen = plotted(points, {"precision": "fp32", "backend": "onnx"})
+    assert [(p.precision, p.n) for p in chosen] == [("onnx/fp32", 1), ("onnx/fp32", 2), ("onnx/fp32", 4)]
+    assert plotted([Point(1, 16, 1.0, 1.0, precision="bf16")], {"precision": "bf16"})

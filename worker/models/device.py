@@ -6,6 +6,8 @@ It must never import torch at module import: only ``resolve_device`` does, when 
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from worker.errors import SetupError
@@ -18,8 +20,8 @@ class DeviceUnavailable(SetupError):
 def resolve_device(setting: str) -> str:
     """``"auto"`` becomes ``"cuda"`` when a GPU is visible, else ``"cpu"``; any other device is returned as it
     is once this machine is seen to have it (else DeviceUnavailable, one line naming the cause)."""
-    if setting == "cpu":
-        return setting
+    if setting == "cpu" or (setting == "auto" and not _gpu_device_files()):
+        return "cpu"
     import torch
 
     if setting == "auto":
@@ -30,6 +32,19 @@ def resolve_device(setting: str) -> str:
     elif kind == "mps" and not torch.backends.mps.is_available():
         raise DeviceUnavailable(f"BATCHWORK_DEVICE={setting}: this machine has no MPS (Apple GPU) device")
     return setting
+
+
+# Device files a Linux GPU driver creates (NVIDIA; WSL's GPU; AMD's ROCm, which torch.cuda serves too).
+# Without any, torch.cuda.is_available() is False, and "auto" is the CPU without importing torch (1-3 s of a
+# short `batchwork run`, which an ONNX model never needs).
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
+
+
+def _gpu_device_files() -> bool:
+    """Whether this machine might have a GPU torch can use (elsewhere than Linux: always, torch decides)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(path) for path in GPU_DEVICE_FILES)
 
 
 def _check_cuda(torch: Any, setting: str, index: int) -> None:

@@ -3,17 +3,23 @@ the classifier's logits on top) or ONNX Runtime (that same module exported once 
 cached by content hash, opset and ORT version; int8 is ORT's dynamic per-channel quantization).
 
 Only ``Encoder.load`` imports this module; torch, transformers and onnxruntime are imported in functions.
+Once a checkpoint's ONNX folder is cached (graph and tokenizer as transformers built it), loading it imports
+neither torch nor transformers: 3-7 s of a short ``batchwork run`` on a 2-core CPU.
 Never trust_remote_code, never a hub: everything loads with local_files_only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,6 +29,8 @@ from worker.models.checkpoint import CheckpointError
 from worker.models.precision import UnsupportedPrecision, check_precision, prepare_module
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
     from tokenizers import Tokenizer
 
@@ -40,6 +48,9 @@ OFFSET_POSITIONS = frozenset(
 )
 # A tokenizer without a limit of its own says so with a huge model_max_length; positions cap it then.
 UNLIMITED = 10**6
+# In a checkpoint's ONNX cache folder beside the graph: the tokenizer as transformers built it.
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_META = "tokenizer-meta.json"
 
 
 class Runner(Protocol):
@@ -48,11 +59,50 @@ class Runner(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class TokenizerSetup:
+    """A checkpoint's tokenizer as the model runs it: truncating where sentence-transformers and the pipeline
+    do and never padding; its pad id, its limit, and whether the model takes segment ids."""
+
+    tokenizer: Tokenizer
+    pad_id: int
+    max_length: int
+    type_ids: bool
+
+
 def load_tokenizer(
-    model_dir: Path, config: dict[str, Any], option_limit: int | None, layout_limit: int | None, lower: bool
-) -> tuple[Tokenizer, int, int, bool]:
-    """The checkpoint's fast tokenizer as transformers builds it, truncating where sentence-transformers and
-    the pipeline do and never padding; its pad id, its limit, and whether the model takes segment ids."""
+    source: Path,
+    config: dict[str, Any],
+    option_limit: int | None,
+    layout_limit: int | None,
+    lower: bool,
+) -> TokenizerSetup:
+    """The tokenizer of ``source``: a checkpoint directory (transformers' AutoTokenizer builds it) or an ONNX
+    cache folder holding what AutoTokenizer built, saved by ``save_tokenizer`` (no transformers import)."""
+    from tokenizers import Tokenizer
+
+    if (source / TOKENIZER_META).is_file():
+        meta = json.loads((source / TOKENIZER_META).read_text(encoding="utf-8"))
+        backend = Tokenizer.from_file(str(source / TOKENIZER_FILE))
+    else:
+        backend, meta = _auto_tokenizer(source)
+    positions = int(config.get("max_position_embeddings") or UNLIMITED)
+    if config.get("model_type") in OFFSET_POSITIONS:  # position ids start after the padding index
+        positions -= int(config.get("pad_token_id") or 0) + 1
+    own = int(min(meta["model_max_length"], UNLIMITED))
+    limit = min(option_limit or layout_limit or own, positions)
+    # Set once here, never per call: encode_batch then only reads the tokenizer (a change while another
+    # thread tokenizes raises "Already borrowed", huggingface/tokenizers#537).
+    backend.no_padding()
+    backend.enable_truncation(max_length=limit, strategy="longest_first")
+    if lower:
+        _lowercase(backend)
+    pad_id = meta["pad_token_id"]
+    return TokenizerSetup(backend, 0 if pad_id is None else int(pad_id), limit, bool(meta["type_ids"]))
+
+
+def _auto_tokenizer(model_dir: Path) -> tuple[Tokenizer, dict[str, Any]]:
+    """transformers' fast tokenizer of the checkpoint (its Rust tokenizer) and what else the model needs."""
     from transformers import AutoTokenizer
 
     try:
@@ -61,25 +111,23 @@ def load_tokenizer(
         )
     except Exception as exc:
         raise CheckpointError(f"{model_dir}: cannot load the tokenizer ({_first_line(exc)})") from None
-    positions = int(config.get("max_position_embeddings") or UNLIMITED)
-    if config.get("model_type") in OFFSET_POSITIONS:  # position ids start after the padding index
-        positions -= int(config.get("pad_token_id") or 0) + 1
-    own = int(min(tokenizer.model_max_length, UNLIMITED))
-    limit = min(option_limit or layout_limit or own, positions)
-    backend = tokenizer.backend_tokenizer
-    # Set once here, never per call: encode_batch then only reads the tokenizer (a change while another
-    # thread tokenizes raises "Already borrowed", huggingface/tokenizers#537).
-    backend.no_padding()
-    backend.enable_truncation(max_length=limit, strategy="longest_first")
-    if lower:
-        _lowercase(backend)
-    pad_id = tokenizer.pad_token_id
-    return (
-        backend,
-        0 if pad_id is None else int(pad_id),
-        limit,
-        "token_type_ids" in tokenizer.model_input_names,
-    )
+    meta = {
+        "model_max_length": min(tokenizer.model_max_length, UNLIMITED),
+        "pad_token_id": tokenizer.pad_token_id,
+        "type_ids": "token_type_ids" in tokenizer.model_input_names,
+    }
+    return tokenizer.backend_tokenizer, meta
+
+
+def save_tokenizer(model_dir: Path, folder: Path) -> None:
+    """What AutoTokenizer builds of the checkpoint, kept in its ONNX folder for loads without transformers."""
+    backend, meta = _auto_tokenizer(model_dir)
+
+    def write(tmp: Path) -> None:
+        backend.save(str(tmp.parent / TOKENIZER_FILE))
+        tmp.write_text(json.dumps(meta), encoding="utf-8")
+
+    _atomic(folder / TOKENIZER_META, write)
 
 
 def _lowercase(backend: Tokenizer) -> None:
@@ -128,20 +176,29 @@ def tuned_choice(model: Encoder, device: str) -> tuple[str, str] | None:
     return None
 
 
-def load_runner(
-    model: Encoder, model_dir: Path, device: str, *, pooling: str | None, type_ids: bool
-) -> tuple[Runner, str, str]:
-    """The runner for the chosen backend, its name and precision. An ONNX export that fails falls back to
-    torch with one warning line."""
+def load_backend(
+    model: Encoder,
+    model_dir: Path,
+    device: str,
+    pooling: str | None,
+    tokenizer_of: Callable[[Path], TokenizerSetup],
+) -> tuple[TokenizerSetup, Runner, str, str]:
+    """The tokenizer and the runner of the chosen backend, its name and precision. ``tokenizer_of`` reads a
+    tokenizer (load_tokenizer with the model's limits) from the checkpoint or from its ONNX folder. An ONNX
+    export that fails falls back to torch with one warning line."""
     backend, precision = choose_backend(model, device)
     if backend == "onnx":
         try:
-            return OnnxRunner(model, model_dir, device, pooling, type_ids, precision), "onnx", precision
+            folder = onnx_folder(model, model_dir, pooling)
+            setup = tokenizer_of(folder)
+            graph = cached_graph(folder, model_dir, pooling, setup.type_ids, precision, model.label())
+            return setup, OnnxRunner(graph, device, model.name), "onnx", precision
         except OnnxExportFailed as exc:
             log.warning("%s: %s; running it on torch", model.name, exc)
+    setup = tokenizer_of(model_dir)
     check_precision(precision, device)
     head = prepare_module(load_head(model_dir, pooling, model.label()).to(device), precision)
-    return TorchRunner(head, device, type_ids), "torch", precision
+    return setup, TorchRunner(head, device, setup.type_ids), "torch", precision
 
 
 def load_head(model_dir: Path, pooling: str | None, label: str) -> torch.nn.Module:
@@ -232,34 +289,26 @@ class OnnxExportFailed(RuntimeError):
 
 
 class OnnxRunner:
-    """An ORT session over the cached export: full graph optimization, the worker's thread count, CUDA's
+    """An ORT session over the cached graph: full graph optimization, the worker's thread count, CUDA's
     execution provider where the GPU build of onnxruntime is installed and the device is a GPU."""
 
-    def __init__(
-        self,
-        model: Encoder,
-        model_dir: Path,
-        device: str,
-        pooling: str | None,
-        type_ids: bool,
-        precision: str,
-    ) -> None:
+    def __init__(self, graph: Path, device: str, name: str) -> None:
         import onnxruntime as ort
-        import torch
 
-        path = cached_export(model, model_dir, pooling, type_ids, precision)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = torch.get_num_threads()
+        options.intra_op_num_threads = _threads()
         options.inter_op_num_threads = 1
+        # ORT's pool threads spin between ops by default, taking the CPU the worker's own threads (intake,
+        # store, the run's writer) need; on the loaded 2-core box a whole `batchwork run` took 1.3-1.7x the
+        # wall time and 1.4-1.5x the CPU with spinning (bench/README.md, "bench.encoders_vs_references").
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
         if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
         elif device.startswith("cuda"):
-            log.warning(
-                "%s: onnxruntime has no CUDA provider here; the ONNX graph runs on the CPU", model.name
-            )
-        self.session = ort.InferenceSession(str(path), options, providers=providers)
+            log.warning("%s: onnxruntime has no CUDA provider here; the ONNX graph runs on the CPU", name)
+        self.session = ort.InferenceSession(str(graph), options, providers=providers)
         self.names = [node.name for node in self.session.get_inputs()]
 
     def run(self, input_ids: np.ndarray, mask: np.ndarray, type_ids: np.ndarray | None) -> np.ndarray:
@@ -269,22 +318,38 @@ class OnnxRunner:
         return np.asarray(self.session.run(None, feeds)[0], dtype=np.float32)
 
 
-def cached_export(
-    model: Encoder, model_dir: Path, pooling: str | None, type_ids: bool, precision: str
-) -> Path:
-    """The ONNX file of this checkpoint (exported on first use) and, for int8, its quantized copy."""
-    import onnxruntime as ort
-    import torch
+def _threads() -> int:
+    """The worker's intra-op thread count: torch's where the process has imported it (a setting there holds
+    for both backends), else OMP_NUM_THREADS, else 0 (ORT's own default: one per physical core, as torch)."""
+    if "torch" in sys.modules:
+        return int(sys.modules["torch"].get_num_threads())
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    return int(omp) if omp.isdigit() else 0
 
-    salt = (
-        f"{model.kind}|{pooling}|{type_ids}|opset{ONNX_OPSET}|ort{ort.__version__}|torch{torch.__version__}"
-    )
-    folder = Path(model.settings.onnx_cache_dir).expanduser() / content_hash(
-        Path(model.checkpoint or model_dir), salt
-    )
+
+def onnx_folder(model: Encoder, model_dir: Path, pooling: str | None) -> Path:
+    """The checkpoint's ONNX cache folder, keyed by its content hash, the kind, pooling, opset and the
+    versions of ORT, torch (the exporter) and transformers (the model code and the tokenizer); the tokenizer
+    is saved there first, so the graph (exported by ``cached_graph``) is all that can be missing."""
+    import onnxruntime as ort
+
+    versions = "|".join(f"{name}{_version(name)}" for name in ("torch", "transformers"))
+    salt = f"{model.kind}|{pooling}|opset{ONNX_OPSET}|ort{ort.__version__}|{versions}"
+    root = Path(model.settings.onnx_cache_dir).expanduser()
+    checkpoint = content_hash(Path(model.checkpoint or model_dir), root / "hashes")
+    folder = root / hashlib.sha256(f"{checkpoint}|{salt}".encode()).hexdigest()[:32]
+    if not (folder / TOKENIZER_META).is_file():
+        save_tokenizer(model_dir, folder)
+    return folder
+
+
+def cached_graph(
+    folder: Path, model_dir: Path, pooling: str | None, type_ids: bool, precision: str, label: str
+) -> Path:
+    """The ONNX graph in ``folder`` (exported on first use) and, for int8, its quantized copy."""
     fp32 = folder / "model.onnx"
     if not fp32.exists():
-        head = load_head(model_dir, pooling, model.label())
+        head = load_head(model_dir, pooling, label)
         _atomic(fp32, lambda tmp: export(head, tmp, type_ids))
         del head
     if precision != "int8":
@@ -293,6 +358,15 @@ def cached_export(
     if not int8.exists():
         _atomic(int8, lambda tmp: quantize(fp32, tmp))
     return int8
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "none"
 
 
 def export(head: torch.nn.Module, path: Path, type_ids: bool) -> None:
@@ -337,15 +411,28 @@ def quantize(source: Path, path: Path) -> None:
         ) from None
 
 
-def content_hash(directory: Path, salt: str) -> str:
-    """sha256 over every file of the checkpoint (relative path and bytes) and the salt."""
-    digest = hashlib.sha256(salt.encode())
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+def content_hash(directory: Path, memo_dir: Path) -> str:
+    """sha256 over every file of the checkpoint (relative path and bytes). Remembered in ``memo_dir`` with
+    each file's size and modification time, so a start reads the weights again only when a file changed."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    stats = [[str(p.relative_to(directory)), st.st_size, st.st_mtime_ns] for p in files for st in [p.stat()]]
+    memo = memo_dir / f"{hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:32]}.json"
+    try:
+        remembered = json.loads(memo.read_text(encoding="utf-8"))
+        if remembered["files"] == stats:
+            return str(remembered["hash"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or unreadable: hash the files
+    digest = hashlib.sha256()
+    for path in files:
         digest.update(str(path.relative_to(directory)).encode() + b"\0")
         with path.open("rb") as handle:
             for chunk in iter(lambda: handle.read(2**20), b""):
                 digest.update(chunk)
-    return digest.hexdigest()[:32]
+    found = digest.hexdigest()[:32]
+    with contextlib.suppress(OSError):  # a read-only cache only costs the next start the hashing
+        _atomic(memo, lambda tmp: tmp.write_text(json.dumps({"files": stats, "hash": found})))
+    return found
 
 
 def _atomic(target: Path, make: Any) -> None:

@@ -79,15 +79,14 @@ class Encoder(Model):
         raise NotImplementedError
 
     def load(self, device: str) -> None:
-        from worker.models.encoder_backends import load_runner, load_tokenizer
+        from worker.models.encoder_backends import load_backend, load_tokenizer
 
         model_dir, config, pooling = self._read()
-        self._tokenizer, self._pad_id, self.max_length, self._type_ids = load_tokenizer(
-            model_dir, config, self.opts.max_length, self._layout_limit(), self._lower_case()
+        limits = (config, self.opts.max_length, self._layout_limit(), self._lower_case())
+        setup, self._runner, self.backend, self.precision = load_backend(
+            self, model_dir, device, pooling, lambda source: load_tokenizer(source, *limits)
         )
-        self._runner, self.backend, self.precision = load_runner(
-            self, model_dir, device, pooling=pooling, type_ids=self._type_ids
-        )
+        self._tokenizer, self._pad_id, self.max_length = setup.tokenizer, setup.pad_id, setup.max_length
 
     def _read(self) -> tuple[Path, dict[str, Any], str | None]:
         raise NotImplementedError
@@ -98,11 +97,10 @@ class Encoder(Model):
     def _lower_case(self) -> bool:
         return False
 
-    def _encode(self, inputs: list[Any]) -> list[Prepared]:
+    def _encode(self, inputs: list[Any]) -> list[Encoding]:
         if self._tokenizer is None:
             raise RuntimeError(f"{type(self).__name__}.prepare called before load()")
-        encodings = self._tokenizer.encode_batch(inputs)
-        return [Prepared(payload=_payload(encoding), length=len(encoding.ids)) for encoding in encodings]
+        return self._tokenizer.encode_batch(inputs)
 
     def _run(self, payloads: Sequence[tuple[list[int], list[int] | None]]) -> np.ndarray:
         if self._runner is None:
@@ -135,11 +133,13 @@ class Embedder(Encoder):
         return self.layout.lower_case
 
     def prepare(self, checked: Sequence[str]) -> list[Prepared]:
+        """The token ids of each text (one segment: no segment ids to carry)."""
         prefix = self.opts.prefix
-        return self._encode([prefix + text for text in checked] if prefix else list(checked))
+        encodings = self._encode([prefix + text for text in checked] if prefix else list(checked))
+        return [Prepared(payload=encoding.ids, length=len(encoding.ids)) for encoding in encodings]
 
-    def forward(self, payloads: Sequence[tuple[list[int], list[int] | None]]) -> list[np.ndarray]:
-        rows = self._run(payloads)
+    def forward(self, payloads: Sequence[list[int]]) -> list[np.ndarray]:
+        rows = self._run([(ids, None) for ids in payloads])
         if self.normalize:
             norms = np.linalg.norm(rows, axis=1, keepdims=True)
             rows = rows / np.maximum(norms, 1e-12)  # torch.nn.functional.normalize's eps
@@ -182,7 +182,8 @@ class Classifier(Encoder):
         return directory, config, None
 
     def prepare(self, checked: Sequence[str | tuple[str, str]]) -> list[Prepared]:
-        return self._encode(list(checked))
+        encodings = self._encode(list(checked))
+        return [Prepared(payload=_payload(encoding), length=len(encoding.ids)) for encoding in encodings]
 
     def forward(self, payloads: Sequence[tuple[list[int], list[int] | None]]) -> list[dict[str, Any]]:
         scores = self.score_function(self._run(payloads).astype(np.float32))

@@ -133,7 +133,7 @@ def plot(path: Path, points: Sequence[Point], result: Mapping[str, Any]) -> None
     matplotlib.use("Agg")  # headless: no display on a worker host
     import matplotlib.pyplot as plt
 
-    mine = [p for p in points if p.precision == result["precision"] and not p.oom]
+    mine = plotted(points, result)
     fig, (speed, latency) = plt.subplots(1, 2, figsize=(12, 4.8))
     knees = {int(k): v for k, v in result.get("knee", {}).items()}
     for length, curve in by_length(mine).items():
@@ -174,11 +174,15 @@ def plot(path: Path, points: Sequence[Point], result: Mapping[str, Any]) -> None
     plt.close(fig)
 
 
+def plotted(points: Sequence[Point], result: Mapping[str, Any]) -> list[Point]:
+    """The chosen precision's points (with --backends, the chosen pair's, labelled "backend/precision")."""
+    series = f"{result['backend']}/{result['precision']}" if "backend" in result else result["precision"]
+    return [p for p in points if p.precision == series and not p.oom]
+
+
 def _title(result: Mapping[str, Any]) -> str:
-    return (
-        f"{result['model']} on {result['device_kind']} ({result['precision']}): "
-        f"--max-batch-ms {result['max_batch_ms']:g}"
-    )
+    ran = f"{result['backend']} {result['precision']}" if "backend" in result else result["precision"]
+    return f"{result['model']} on {result['device_kind']} ({ran}): --max-batch-ms {result['max_batch_ms']:g}"
 
 
 def _marks(result: Mapping[str, Any]) -> dict[tuple[int, int], list[str]]:
