@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.batching.policy import PRIORITIES
-from worker.models.registry import BUILTIN_MODELS, ModelSpec, builtin_model_class, parse_model_entry
+from worker.model_specs import BUILTIN_MODELS, ModelSpec, check_builtin_options, parse_model_entry
 
-__all__ = ["PRIORITIES", "BatchingSettings", "LaneSettings", "Settings", "get_settings"]
+__all__ = ["BatchingSettings", "LaneSettings", "Settings", "get_settings"]
 
 # The brokers batchwork speaks (memory: the embedded run) and, per database, the drivers it installs.
 BROKER_SCHEMES = ("redis", "rediss", "memory")
@@ -110,7 +110,7 @@ class Settings(BaseSettings):
     )
 
     # The models this deployment serves: built-in names, "package.module:Class" paths and checkpoints of a
-    # model kind, "NAME=embed:/dir" (see worker/models/registry.py). A message or call naming anything else
+    # model kind, "NAME=embed:/dir" (see worker/model_specs.py). A message or call naming anything else
     # is refused before any import, so no caller can make a worker import a module.
     models: list[str] = Field(default_factory=lambda: sorted(BUILTIN_MODELS))
     # An item whose worker died this many times while running it (a segfault, os._exit, the OOM killer)
@@ -229,7 +229,7 @@ class Settings(BaseSettings):
     def _builtin_model_options(cls, options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for name, block in options.items():
             if name in BUILTIN_MODELS:
-                builtin_model_class(name).options_from(block)
+                check_builtin_options(name, block)
         return options
 
     @field_validator("device")

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
 
-    from worker.models.encoders import Encoder
+    from worker.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,22 @@ OFFSET_POSITIONS = frozenset(
 )
 # A tokenizer without a limit of its own says so with a huge model_max_length; positions cap it then.
 UNLIMITED = 10**6
+
+
+class Encoder(Protocol):
+    """What the backends read of the model they load (encoders.py's Encoder, which imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str | None: ...
+    @property
+    def checkpoint(self) -> str | None: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def opts(self) -> Any: ...
+    def label(self) -> str: ...
 
 
 class Runner(Protocol):

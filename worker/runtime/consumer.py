@@ -14,6 +14,7 @@ from typing import Any
 from celery import bootsteps
 from celery.exceptions import WorkerShutdown
 
+from worker.batching.policy import PRIORITIES
 from worker.broker.census import MessageCensus
 from worker.broker.keys import Keys
 from worker.runtime import metrics
@@ -21,7 +22,7 @@ from worker.runtime.deliveries import Message
 from worker.runtime.engine import Engine
 from worker.runtime.journal import Journal
 from worker.runtime.outbox import IntakeThrottle, LeaseRenewal, Outbox
-from worker.settings import PRIORITIES, Settings, get_settings
+from worker.settings import Settings, get_settings
 from worker.store.results import ResultStore
 
 log = logging.getLogger(__name__)

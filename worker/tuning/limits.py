@@ -12,9 +12,9 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from worker.batching.policy import LanePolicy, lane_policy
+from worker.batching.policy import PRIORITIES, LanePolicy, lane_policy
 from worker.models.base import Model
-from worker.settings import PRIORITIES, BatchingSettings, Settings
+from worker.settings import BatchingSettings, Settings
 from worker.store.tuned import TunedLimits, TunedRow
 
 FIELDS = ("max_batch_size", "max_wait_ms", "max_batch_tokens")

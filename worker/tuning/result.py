@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from worker.batching.policy import lane_policy
+from worker.batching.policy import PRIORITIES, lane_policy
 from worker.models.base import Model
-from worker.settings import PRIORITIES, Settings
+from worker.settings import Settings
 from worker.tuning.choice import LaneChoice, as_batching_settings, knees
 from worker.tuning.curve import Point
 from worker.tuning.history import arrival_per_s
