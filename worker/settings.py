@@ -46,7 +46,7 @@ class LaneSettings(BaseModel):
 class BatchingSettings(BaseModel):
     """What a deployment sets for one model's batching (BATCHWORK_BATCHING, and the shape tuned limits are
     stored in); any field left unset falls back to the tuned limits, then to the model's own default. The
-    pure core resolves it into one LanePolicy per lane (worker/batching/policy.py)."""
+    pure core resolves both into one LanePolicy per lane (worker/batching/policy.py, resolve_lane)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -65,39 +65,6 @@ class BatchingSettings(BaseModel):
         if unknown:
             raise ValueError(f"unknown lane(s) {sorted(unknown)}; lanes are {', '.join(PRIORITIES)}")
         return lanes
-
-    def over(self, tuned: BatchingSettings) -> BatchingSettings:
-        """These (explicit) settings laid over tuned ones: each field from the first that sets it.
-
-        A tuned lane value of a field yields to the same field set for the whole model here, so an
-        explicit model-level N also rules the lanes it derives (high's N/8) over tuned lane sizes.
-        """
-        lanes = {}
-        for name in PRIORITIES:
-            mine, theirs = self.lanes.get(name, LaneSettings()), tuned.lanes.get(name, LaneSettings())
-            merged = {
-                key: value if value is not None else _unless_set(self, key, getattr(theirs, key))
-                for key, value in mine.model_dump().items()
-            }
-            if any(value is not None for value in merged.values()):
-                lanes[name] = LaneSettings(**merged)
-        return BatchingSettings(
-            max_batch_size=self.max_batch_size or tuned.max_batch_size,
-            max_wait_ms=tuned.max_wait_ms if self.max_wait_ms is None else self.max_wait_ms,
-            max_batch_tokens=self.max_batch_tokens or tuned.max_batch_tokens,
-            bucket_edges=self.bucket_edges if self.bucket_edges is not None else tuned.bucket_edges,
-            lanes=lanes,
-        )
-
-    def source(self, tuned: BatchingSettings, name: str) -> str:
-        """Which layer a model-level field (max_batch_size, max_wait_ms, ...) comes from."""
-        if getattr(self, name) is not None:
-            return "setting"
-        return "tuned" if getattr(tuned, name) is not None else "default"
-
-
-def _unless_set(explicit: BatchingSettings, key: str, value: Any) -> Any:
-    return None if getattr(explicit, key, None) is not None else value
 
 
 class Settings(BaseSettings):
