@@ -39,10 +39,12 @@ def import_edges(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, 
     for name, (path, is_package) in known.items():
         out = edges.setdefault(name, {})
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
+            else:
                 base = node.module or ""
                 if node.level:  # relative: from the package this module is in (or is)
                     package = name.split(".") if is_package else name.split(".")[:-1]
