@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 import redis
 
+from worker.batching.policy import PRIORITIES
 from worker.broker.keys import Keys
 from worker.broker.producer import broker_redis, broker_unavailable
 from worker.client import Client
 from worker.errors import SetupError
-from worker.settings import PRIORITIES, Settings
+from worker.settings import Settings
 from worker.store.catalog import JobCatalog
 from worker.store.keys import KeyStore
 from worker.store.results import ResultStore

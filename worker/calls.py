@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
+from worker.batching.policy import PRIORITIES
 from worker.bounds import MAX_COUNT, MAX_ITEM_ID_CHARS, check_text, is_count, is_job_id
 from worker.models.base import InvalidInput, Model
 from worker.models.registry import model_class, shown
-from worker.settings import PRIORITIES, Settings
+from worker.settings import Settings
 
 __all__ = [
     "MAX_COUNT",

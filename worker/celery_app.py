@@ -8,20 +8,12 @@ named by path so that producers never import it.
 
 from __future__ import annotations
 
-import threading
-from dataclasses import replace
-from typing import Any
-
 from celery import Celery
 from kombu import Queue
 
+from worker.batching.policy import PRIORITIES
 from worker.broker.keys import Keys
-from worker.calls import InferCall
-from worker.settings import PRIORITIES, Settings, get_settings
-
-# Set while an in-process worker runs (``batchwork run`` with no broker): only then may a producer publish
-# to the in-memory broker, which no other process can read.
-IN_PROCESS_WORKER = threading.Event()
+from worker.settings import Settings, get_settings
 
 
 def transport_options(settings: Settings) -> dict[str, object]:
@@ -69,36 +61,6 @@ def create_app(settings: Settings) -> Celery:
     )
     app.steps["consumer"].add("worker.runtime.consumer:BatchingStep")
     return app
-
-
-def publish_in_process(call: InferCall, settings: Settings) -> None:
-    """Publish to the in-memory broker, for the in-process worker of ``batchwork run``."""
-    from worker.tasks import infer
-
-    size = settings.submit_chunk_size
-    with app.producer_or_acquire() as producer:
-        for start in range(0, len(call.inputs), size):
-            # ``call`` may be one part of its job (``batchwork run`` publishes a file a window at a time).
-            chunk = replace(call.chunk(start, size), offset=call.offset + start)
-            task_id = call.job_id if chunk.offset == 0 else None
-            _send(infer, chunk, task_id, Keys.of(settings).queue(call.priority), producer)
-
-
-def _send(task: Any, call: InferCall, task_id: str | None, queue: str, producer: Any) -> None:
-    from celery import Task
-
-    # Task.apply_async, not infer's own (which checks and enqueues a whole call). A summary as the message's
-    # kwargsrepr, as the Redis producer writes it: Celery's own repr of every item costs more than the send.
-    summary = f"{{'model': {call.model!r}, 'job_id': {call.job_id!r}}}"
-    Task.apply_async(
-        task,
-        kwargs=call.kwargs(),
-        task_id=task_id,
-        queue=queue,
-        producer=producer,
-        argsrepr="()",
-        kwargsrepr=summary,
-    )
 
 
 app = create_app(get_settings())

@@ -125,7 +125,7 @@ class Client:
 
     def _publish(self, call: InferCall, *, record_job: bool) -> None:
         if self.settings.embedded:
-            from worker.celery_app import IN_PROCESS_WORKER, publish_in_process
+            from worker.broker.in_process import IN_PROCESS_WORKER, publish_in_process
 
             if not IN_PROCESS_WORKER.is_set():
                 raise NoWorker(NO_WORKER)

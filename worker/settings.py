@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.batching.policy import PRIORITIES
-from worker.models.registry import BUILTIN_MODELS, ModelSpec, builtin_model_class, parse_model_entry
+from worker.model_specs import BUILTIN_MODELS, ModelSpec, check_builtin_options, parse_model_entry
 
-__all__ = ["PRIORITIES", "BatchingSettings", "LaneSettings", "Settings", "get_settings"]
+__all__ = ["BatchingSettings", "LaneSettings", "Settings", "get_settings"]
 
 # The brokers batchwork speaks (memory: the embedded run) and, per database, the drivers it installs.
 BROKER_SCHEMES = ("redis", "rediss", "memory")
@@ -46,7 +46,7 @@ class LaneSettings(BaseModel):
 class BatchingSettings(BaseModel):
     """What a deployment sets for one model's batching (BATCHWORK_BATCHING, and the shape tuned limits are
     stored in); any field left unset falls back to the tuned limits, then to the model's own default. The
-    pure core resolves it into one LanePolicy per lane (worker/batching/policy.py)."""
+    pure core resolves both into one LanePolicy per lane (worker/batching/policy.py, resolve_lane)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -66,39 +66,6 @@ class BatchingSettings(BaseModel):
             raise ValueError(f"unknown lane(s) {sorted(unknown)}; lanes are {', '.join(PRIORITIES)}")
         return lanes
 
-    def over(self, tuned: BatchingSettings) -> BatchingSettings:
-        """These (explicit) settings laid over tuned ones: each field from the first that sets it.
-
-        A tuned lane value of a field yields to the same field set for the whole model here, so an
-        explicit model-level N also rules the lanes it derives (high's N/8) over tuned lane sizes.
-        """
-        lanes = {}
-        for name in PRIORITIES:
-            mine, theirs = self.lanes.get(name, LaneSettings()), tuned.lanes.get(name, LaneSettings())
-            merged = {
-                key: value if value is not None else _unless_set(self, key, getattr(theirs, key))
-                for key, value in mine.model_dump().items()
-            }
-            if any(value is not None for value in merged.values()):
-                lanes[name] = LaneSettings(**merged)
-        return BatchingSettings(
-            max_batch_size=self.max_batch_size or tuned.max_batch_size,
-            max_wait_ms=tuned.max_wait_ms if self.max_wait_ms is None else self.max_wait_ms,
-            max_batch_tokens=self.max_batch_tokens or tuned.max_batch_tokens,
-            bucket_edges=self.bucket_edges if self.bucket_edges is not None else tuned.bucket_edges,
-            lanes=lanes,
-        )
-
-    def source(self, tuned: BatchingSettings, name: str) -> str:
-        """Which layer a model-level field (max_batch_size, max_wait_ms, ...) comes from."""
-        if getattr(self, name) is not None:
-            return "setting"
-        return "tuned" if getattr(tuned, name) is not None else "default"
-
-
-def _unless_set(explicit: BatchingSettings, key: str, value: Any) -> Any:
-    return None if getattr(explicit, key, None) is not None else value
-
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATCHWORK_", env_nested_delimiter="__", extra="ignore")
@@ -110,7 +77,7 @@ class Settings(BaseSettings):
     )
 
     # The models this deployment serves: built-in names, "package.module:Class" paths and checkpoints of a
-    # model kind, "NAME=embed:/dir" (see worker/models/registry.py). A message or call naming anything else
+    # model kind, "NAME=embed:/dir" (see worker/model_specs.py). A message or call naming anything else
     # is refused before any import, so no caller can make a worker import a module.
     models: list[str] = Field(default_factory=lambda: sorted(BUILTIN_MODELS))
     # An item whose worker died this many times while running it (a segfault, os._exit, the OOM killer)
@@ -229,7 +196,7 @@ class Settings(BaseSettings):
     def _builtin_model_options(cls, options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for name, block in options.items():
             if name in BUILTIN_MODELS:
-                builtin_model_class(name).options_from(block)
+                check_builtin_options(name, block)
         return options
 
     @field_validator("device")

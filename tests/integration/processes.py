@@ -62,7 +62,8 @@ class CommandProcess:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -79,6 +80,9 @@ class CommandProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._reader.join(5)  # the pipe ends with the process; closed once read, not left to the collector
+        if not self._reader.is_alive() and self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 class WorkerProcess(CommandProcess):

@@ -61,7 +61,9 @@ def test_a_resumed_file_keeps_its_complete_lines_and_drops_a_torn_one(tmp_path: 
 
 def test_a_partial_file_that_is_not_this_run_s_is_started_over(tmp_path: Path) -> None:
     (tmp_path / ".out.jsonl.partial").write_bytes(b'{"index":7,"id":null,"output":0}\n')
-    assert ResultFile(tmp_path / "out.jsonl").open(resume=True) == 0
+    out = ResultFile(tmp_path / "out.jsonl")
+    assert out.open(resume=True) == 0
+    out.discard()  # closes the file it opened
 
 
 def test_input_lines_skip_blank_lines_a_byte_order_mark_and_the_first_items_asked(tmp_path: Path) -> None:

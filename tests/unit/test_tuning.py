@@ -10,7 +10,7 @@ import pytest
 
 from worker.batching.policy import LanePolicy
 from worker.batching.scheduler import Item, Scheduler
-from worker.settings import BatchingSettings, LaneSettings
+from worker.settings import BatchingSettings
 from worker.tuning.choice import as_batching_settings, choose, choose_lane, fill_wait_ms, knees
 from worker.tuning.curve import Point, knee, sweep_length
 from worker.tuning.history import NotEnoughHistory, arrival_per_s, fit_cost
@@ -133,23 +133,6 @@ def test_the_fit_recovers_a_and_b() -> None:
     assert fit.meets(1000, bound_ms=80) and not fit.meets(1300, bound_ms=80)
     with pytest.raises(NotEnoughHistory):
         fit_cost([64, 64, 64], [1, 2, 3])
-
-
-def test_explicit_settings_go_over_tuned_limits_field_by_field() -> None:
-    tuned = BatchingSettings(
-        max_batch_size=80,
-        max_wait_ms=30,
-        max_batch_tokens=2048,
-        lanes={"high": LaneSettings(max_batch_size=12)},
-    )
-    assert BatchingSettings().over(tuned) == tuned
-    mine = BatchingSettings(max_wait_ms=5).over(tuned)
-    assert (mine.max_batch_size, mine.max_wait_ms, mine.max_batch_tokens) == (80, 5, 2048)
-    # An explicit model-level N rules the lanes it derives: the tuned high N yields to it.
-    assert BatchingSettings(max_batch_size=64).over(tuned).lanes == {}
-    assert BatchingSettings().source(tuned, "max_batch_size") == "tuned"
-    assert BatchingSettings(max_batch_size=64).source(tuned, "max_batch_size") == "setting"
-    assert BatchingSettings().source(BatchingSettings(), "max_batch_size") == "default"
 
 
 def test_a_lane_takes_new_limits_with_its_waiting_items() -> None:

@@ -1,16 +1,17 @@
 """How each lane batches: N, T, token budget, length buckets, starvation bound, urgency.
 
-Two shapes, one per stage: what a deployment chooses (``BATCHWORK_BATCHING``'s shape, defined with the
-settings; read here only through the ``Chosen`` protocol) and ``LanePolicy``, what a lane runs by. The rule
-that derives a lane's policy from its model's defaults, the choice and the priority lives here; nothing
-here reads settings or imports an edge of the system.
+Two shapes, one per stage: what a deployment chooses (``BATCHWORK_BATCHING``'s shape and the tuned limits
+stored in it, defined with the settings; read here only through the ``Chosen`` protocol) and ``LanePolicy``,
+what a lane runs by. The one resolution of a lane's policy lives here, ``resolve_lane``: explicit settings
+over tuned limits over the model's own defaults, derived for the priority. The worker's lanes and
+``batchwork models`` / ``tune`` both call it. Nothing here reads settings or imports an edge of the system.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal, Protocol
 
 PRIORITIES = ("high", "normal", "bulk")  # most urgent first
 
@@ -58,6 +59,78 @@ class Chosen(Protocol):
     def bucket_edges(self) -> Sequence[int] | None: ...
     @property
     def lanes(self) -> Mapping[str, ChosenLane]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LaneLimits:
+    """One lane's chosen values after layering (a ChosenLane); None keeps the derived default."""
+
+    max_batch_size: int | None = None
+    max_wait_ms: float | None = None
+    max_delay_ms: float | None = None
+    max_batch_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A model's chosen values after layering explicit settings over tuned limits (a Chosen)."""
+
+    max_batch_size: int | None = None
+    max_wait_ms: float | None = None
+    max_batch_tokens: int | None = None
+    bucket_edges: tuple[int, ...] | None = None
+    lanes: Mapping[str, LaneLimits] = field(default_factory=dict)
+
+
+Source = Literal["setting", "tuned", "default"]
+
+
+def resolve_lane(
+    defaults: LanePolicy, priority: str, explicit: Chosen | None = None, tuned: Chosen | None = None
+) -> LanePolicy:
+    """The policy of a model's lane at ``priority``: each value from the deployment's ``explicit`` settings,
+    else the ``tuned`` limits (`batchwork tune --apply`), else the model's own ``defaults`` (as its normal
+    lane has them), then derived for the priority (``lane_policy``)."""
+    return lane_policy(defaults, priority, layered(explicit, tuned))
+
+
+def layered(explicit: Chosen | None, tuned: Chosen | None) -> Limits:
+    """``explicit`` laid over ``tuned``: each field from the first that sets it.
+
+    A tuned lane value of a field yields to the same field set explicitly for the whole model, so an explicit
+    model-level N also rules the lanes it derives (high's N/8) over tuned lane sizes.
+    """
+    mine, theirs = explicit or Limits(), tuned or Limits()
+    lanes = {}
+    for priority in PRIORITIES:
+        lane = _lane_over(mine, mine.lanes.get(priority), theirs.lanes.get(priority))
+        if lane != LaneLimits():
+            lanes[priority] = lane
+    edges = theirs.bucket_edges if mine.bucket_edges is None else mine.bucket_edges
+    return Limits(
+        max_batch_size=mine.max_batch_size or theirs.max_batch_size,
+        max_wait_ms=theirs.max_wait_ms if mine.max_wait_ms is None else mine.max_wait_ms,
+        max_batch_tokens=mine.max_batch_tokens or theirs.max_batch_tokens,
+        bucket_edges=None if edges is None else tuple(edges),
+        lanes=lanes,
+    )
+
+
+def limit_source(explicit: Chosen | None, tuned: Chosen | None, name: str) -> Source:
+    """Which layer a model-level value (max_batch_size, max_wait_ms, ...) of ``resolve_lane`` comes from."""
+    if explicit is not None and getattr(explicit, name) is not None:
+        return "setting"
+    return "tuned" if tuned is not None and getattr(tuned, name) is not None else "default"
+
+
+def _lane_over(explicit: Chosen, mine: ChosenLane | None, theirs: ChosenLane | None) -> LaneLimits:
+    values = {}
+    for name in (f.name for f in fields(LaneLimits)):
+        value = None if mine is None else getattr(mine, name)
+        if value is None and theirs is not None and getattr(explicit, name, None) is None:
+            value = getattr(theirs, name)
+        values[name] = value
+    return LaneLimits(**values)
 
 
 def lane_policy(model: LanePolicy, priority: str, chosen: Chosen | None = None) -> LanePolicy:

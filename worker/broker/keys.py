@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.settings import PRIORITIES, Settings
+from worker.batching.policy import PRIORITIES
+from worker.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from worker.settings import PRIORITIES, Settings, get_settings
+from worker.batching.policy import PRIORITIES
+from worker.settings import Settings, get_settings
 
 app = typer.Typer(
     add_completion=False,

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
 
-    from worker.models.encoders import Encoder
+    from worker.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,22 @@ UNLIMITED = 10**6
 # In a checkpoint's ONNX cache folder beside the graph: the tokenizer as transformers built it.
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_META = "tokenizer-meta.json"
+
+
+class Encoder(Protocol):
+    """What the backends read of the model they load (encoders.py's Encoder, which imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str | None: ...
+    @property
+    def checkpoint(self) -> str | None: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def opts(self) -> Any: ...
+    def label(self) -> str: ...
 
 
 class Runner(Protocol):

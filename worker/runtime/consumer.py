@@ -14,6 +14,7 @@ from typing import Any
 from celery import bootsteps
 from celery.exceptions import WorkerShutdown
 
+from worker.batching.policy import PRIORITIES
 from worker.broker.census import MessageCensus
 from worker.broker.keys import Keys
 from worker.runtime import metrics
@@ -21,8 +22,7 @@ from worker.runtime.deliveries import Message
 from worker.runtime.engine import Engine
 from worker.runtime.journal import Journal
 from worker.runtime.outbox import IntakeThrottle, LeaseRenewal, Outbox
-from worker.settings import PRIORITIES, Settings, get_settings
-from worker.store.results import ResultStore
+from worker.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +111,16 @@ class BatchingStep(bootsteps.StartStopStep):
 
     def _start_engine(self, consumer: Any) -> Engine:
         from worker.models.device import resolve_device
+        from worker.store.results import ResultStore
+        from worker.store.tuned import TunedLimits
 
         settings = self.settings
+        store = ResultStore.from_url(settings.database_url)
         engine = Engine(
             settings,
-            ResultStore.from_url(settings.database_url),
+            store,
             self.outbox,
+            tuned_limits=TunedLimits(store.engine),
             device=resolve_device(settings.device),
             worker_name=consumer.hostname or socket.gethostname(),
             journal=None if self.redis is None else Journal(self.redis, Keys.of(settings)),

@@ -25,7 +25,7 @@ def embedded_worker(app: Any, timeout_s: float = 120.0) -> Iterator[Any]:
         without_gossip=True,
         loglevel="WARNING",
     )
-    from worker.celery_app import IN_PROCESS_WORKER
+    from worker.broker.in_process import IN_PROCESS_WORKER
 
     thread = threading.Thread(target=worker.start, name="batchwork-embedded-worker", daemon=True)
     thread.start()

@@ -26,13 +26,12 @@ from worker.runtime.journal import Journal
 from worker.runtime.loaded_models import LoadedModels
 from worker.runtime.lost_items import LostItems
 from worker.runtime.outbox import Outbox
+from worker.runtime.ports import TunedStore, WorkerStore
 from worker.runtime.shared import Shared
 from worker.runtime.storing import Storer
 from worker.runtime.tuned import TunedLimitsWatcher
 from worker.runtime.watch import CancelWatch
 from worker.settings import Settings
-from worker.store.results import ResultStore
-from worker.store.tuned import TunedLimits
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +43,10 @@ class Engine:
     def __init__(
         self,
         settings: Settings,
-        store: ResultStore,
+        store: WorkerStore,
         outbox: Outbox,
         *,
+        tuned_limits: TunedStore,
         device: str = "cpu",
         worker_name: str = "batchwork",
         journal: Journal | None = None,
@@ -58,7 +58,7 @@ class Engine:
         self.clock = clock
         self.holdings = Holdings()
         self.tuned = TunedLimitsWatcher(
-            TunedLimits(store.engine),
+            tuned_limits,
             device_kind(device),
             settings.tuned_refresh_s,
             worker_name,

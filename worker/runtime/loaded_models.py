@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import NamedTuple
 
-from worker.batching.policy import LanePolicy, lane_policy
+from worker.batching.policy import LanePolicy, resolve_lane
 from worker.batching.scheduler import LaneKey
 from worker.models.base import Model, StepModel
 from worker.models.registry import model_class
@@ -78,7 +78,6 @@ class LoadedModels:
         if priority == ISOLATED:
             policy = ISOLATED_POLICY
         else:
-            # Precedence: explicit settings, then tuned limits, then the model's own defaults.
-            chosen = self.settings.batching.get(model, BatchingSettings()).over(self.tuned(model))
-            policy = lane_policy(cls.default_policy(), priority, chosen)
+            explicit = self.settings.batching.get(model)
+            policy = resolve_lane(cls.default_policy(), priority, explicit, self.tuned(model))
         return replace(policy, continuous=True) if issubclass(cls, StepModel) else policy

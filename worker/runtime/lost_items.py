@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from worker.broker.census import MessageCensus
-from worker.store.results import ResultStore
+from worker.runtime.ports import WorkerStore
 from worker.store.values import JobSpec
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def census_period_s(grace_s: float) -> float:
 
 
 class LostItems:
-    def __init__(self, store: ResultStore, census: MessageCensus | None = None) -> None:
+    def __init__(self, store: WorkerStore, census: MessageCensus | None = None) -> None:
         self.store = store
         self.census = census
         self._stopping = threading.Event()

@@ -15,10 +15,11 @@ from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from worker.batching.policy import PRIORITIES
 from worker.runtime.deliveries import Holdings, Message, Outcomes
 from worker.runtime.loaded_models import LoadedModels
 from worker.runtime.runner import Report
-from worker.settings import PRIORITIES, Settings
+from worker.settings import Settings
 from worker.store.values import BatchRecord
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from worker.calls import job_id_of
 from worker.errors import InvalidInput
 from worker.runtime.deliveries import Delivery, Holdings, Refusal
 from worker.runtime.outbox import Outbox, Settled
+from worker.runtime.ports import WorkerStore
 from worker.runtime.runner import error_text
 from worker.store.db import is_transient
-from worker.store.results import ResultStore
 from worker.store.values import JobSpec
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class Refusals:
     """Used by the store thread; a transient failure (the database down) is raised for it to retry."""
 
-    def __init__(self, store: ResultStore, outbox: Outbox, holdings: Holdings) -> None:
+    def __init__(self, store: WorkerStore, outbox: Outbox, holdings: Holdings) -> None:
         self.store = store
         self.outbox = outbox
         self.holdings = holdings

@@ -22,9 +22,9 @@ from worker.runtime import metrics
 from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal, StoreWork, TokenReport
 from worker.runtime.journal import Journal
 from worker.runtime.outbox import Outbox, Settled
+from worker.runtime.ports import WorkerStore
 from worker.runtime.refusals import Refusals
 from worker.store.db import is_transient, refused_text
-from worker.store.results import ResultStore
 from worker.store.values import ItemOutcome, JobSpec
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class Stopping(Exception):
 
 class Storer:
     def __init__(
-        self, store: ResultStore, outbox: Outbox, holdings: Holdings, journal: Journal | None = None
+        self, store: WorkerStore, outbox: Outbox, holdings: Holdings, journal: Journal | None = None
     ) -> None:
         self.store = store
         self.outbox = outbox

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
+from worker.runtime.ports import TunedStore
 from worker.settings import BatchingSettings
-from worker.store.tuned import TunedLimits
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ NONE = BatchingSettings()
 class TunedLimitsWatcher:
     def __init__(
         self,
-        store: TunedLimits,
+        store: TunedStore,
         device_kind: str,
         refresh_s: float,
         worker_name: str,

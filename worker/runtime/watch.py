@@ -8,7 +8,7 @@ import logging
 import threading
 
 from worker.runtime.deliveries import Holdings
-from worker.store.results import ResultStore
+from worker.runtime.ports import WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +16,7 @@ CANCEL_CHECK_S = 1.0
 
 
 class CancelWatch:
-    def __init__(self, store: ResultStore, holdings: Holdings, every_s: float = CANCEL_CHECK_S) -> None:
+    def __init__(self, store: WorkerStore, holdings: Holdings, every_s: float = CANCEL_CHECK_S) -> None:
         self.store = store
         self.holdings = holdings
         self.every_s = every_s

@@ -6,22 +6,22 @@ User mistakes raise TuneError (one line, exit 2 in the CLI); nothing here prints
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from worker.models.base import InvalidInput, Model, StepModel
 from worker.models.precision import UnsupportedPrecision
 from worker.settings import Settings
 from worker.tuning import report
-from worker.tuning.choice import choose, lane_bounds
-from worker.tuning.curve import Point, sweep_length
+from worker.tuning.choice import choose
+from worker.tuning.curve import Point
 from worker.tuning.measure import Bench, Pacing, free_memory_bytes, prepared_lengths, with_precision
 from worker.tuning.request import TuneError, TuneRequest, check_request, parse_lengths, parse_precisions
 from worker.tuning.result import apply_choice, build_result, read_history
+from worker.tuning.sweep import progress_bar, sweep_lengths
 
 # Without a sample, lengths that stand for short, medium and long texts (clipped to the model's maximum).
 AUTO_LENGTHS = (16, 64, 256)
@@ -51,7 +51,7 @@ def tune(request: TuneRequest, settings: Settings, console: Console) -> tuple[di
     memory_cap = _memory_cap(device, request.memory_fraction)
     lengths = _lengths(request, cls, runnable[0][1], sample)
     points: list[Point] = []
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         for precision, model in runnable:
             bench = Bench(model, device, request.pacing, precision)
             points += sweep_lengths(bench.measure, lengths, request, progress, precision)
@@ -92,7 +92,7 @@ def _tune_backends(
     memory_cap = _memory_cap(device, request.memory_fraction)
     lengths = _lengths(request, cls, runnable[0], sample)
     points: list[Point] = []
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         for name, bench in backends.bench_pairs(models, device, request).items():
             points += sweep_lengths(bench.measure, lengths, request, progress, name)
     rows = backends.compare(models, reference, points, request, memory_cap, sample)
@@ -154,40 +154,6 @@ def _lengths(request: TuneRequest, cls: type[Model], model: Model, sample: Seque
         wanted = list(AUTO_LENGTHS)
     longest = max(cls.bucket_edges, default=max(wanted))
     return sorted({min(longest, next((e for e in cls.bucket_edges if e >= w), w)) for w in wanted})
-
-
-def sweep_lengths(
-    measure: Callable[[int, int], Point],
-    lengths: Sequence[int],
-    request: TuneRequest,
-    progress: Progress,
-    label: str,
-) -> list[Point]:
-    """Every length's curve (curve.sweep_length), with the point being measured shown in the progress bar."""
-    bounds = list(lane_bounds(request.max_batch_ms).values())
-    task = progress.add_task(label, total=None)
-    points: list[Point] = []
-    for length in lengths:
-
-        def measure_at(n: int, length: int = length) -> Point:
-            progress.update(task, description=f"{label}: length {length}, N={n}")
-            point = measure(n, length)
-            progress.advance(task)
-            return point
-
-        points += sweep_length(measure_at, bounds_ms=bounds, max_n=request.max_n)
-    progress.update(task, description=f"{label}: {len(points)} points")
-    return points
-
-
-def _progress(console: Console) -> Progress:
-    columns = (
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TextColumn("{task.completed} points"),
-        TimeElapsedColumn(),
-    )
-    return Progress(*columns, console=console, transient=False)
 
 
 def _memory_cap(device: str, fraction: float) -> int | None:

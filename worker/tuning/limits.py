@@ -1,8 +1,8 @@
 """A model's effective batching limits and where each came from: explicit BATCHWORK_BATCHING settings,
 then the limits `batchwork tune --apply` stored for this device kind, then the model's own defaults.
 
-Used by ``batchwork models`` and ``tune --from-history``; the worker's engine lays the layers the same way
-(BatchingSettings.over). Reading the table never creates a database.
+Used by ``batchwork models`` and ``tune --from-history``; the layers are laid by the pure core's
+``resolve_lane``, as a worker's lanes are. Reading the table never creates a database.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from worker.batching.policy import LanePolicy, lane_policy
+from worker.batching.policy import PRIORITIES, LanePolicy, Source, limit_source, resolve_lane
 from worker.models.base import Model
-from worker.settings import PRIORITIES, BatchingSettings, Settings
+from worker.settings import BatchingSettings, Settings
 from worker.store.tuned import TunedLimits, TunedRow
 
 FIELDS = ("max_batch_size", "max_wait_ms", "max_batch_tokens")
@@ -25,7 +25,7 @@ class Effective:
     """A model's limits as a worker on this device kind runs them, per lane, and each field's source."""
 
     lanes: dict[str, LanePolicy]
-    sources: dict[str, str]  # field -> "setting" | "tuned" | "default"
+    sources: dict[str, Source]  # field -> "setting" | "tuned" | "default"
     tuned: TunedRow | None
 
     @property
@@ -41,16 +41,11 @@ class Effective:
 
 
 def effective(name: str, cls: type[Model], settings: Settings, tuned: TunedRow | None) -> Effective:
-    explicit = settings.batching.get(name, BatchingSettings())
-    tuned_settings = (
-        BatchingSettings.model_validate(tuned.batching)
-        if tuned is not None and tuned.batching
-        else BatchingSettings()
-    )
-    chosen = explicit.over(tuned_settings)
+    explicit = settings.batching.get(name)
+    stored = BatchingSettings.model_validate(tuned.batching) if tuned is not None and tuned.batching else None
     return Effective(
-        {lane: lane_policy(cls.default_policy(), lane, chosen) for lane in PRIORITIES},
-        {field: explicit.source(tuned_settings, field) for field in FIELDS},
+        {lane: resolve_lane(cls.default_policy(), lane, explicit, stored) for lane in PRIORITIES},
+        {field: limit_source(explicit, stored, field) for field in FIELDS},
         tuned,
     )
 

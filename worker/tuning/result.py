@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from worker.batching.policy import lane_policy
+from worker.batching.policy import PRIORITIES, resolve_lane
 from worker.models.base import Model
-from worker.settings import PRIORITIES, Settings
+from worker.settings import Settings
 from worker.tuning.choice import LaneChoice, as_batching_settings, knees
 from worker.tuning.curve import Point
 from worker.tuning.history import arrival_per_s
@@ -94,7 +94,7 @@ def build_result(
 
 
 def lane_row(choice: LaneChoice, cls: type[Model]) -> dict[str, Any]:
-    default_wait_ms = lane_policy(cls.default_policy(), choice.lane).max_wait_s * 1000
+    default_wait_ms = resolve_lane(cls.default_policy(), choice.lane).max_wait_s * 1000
     return {
         "bound_ms": choice.bound_ms,
         "max_batch_size": choice.max_batch_size,

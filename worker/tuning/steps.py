@@ -20,6 +20,7 @@ from worker.settings import Settings
 from worker.tuning.choice import choose, knees
 from worker.tuning.curve import Point, oom_point, point_from_runs
 from worker.tuning.measure import MemoryProbe, Pacing, filler_text, free_memory_bytes, synchronize
+from worker.tuning.sweep import progress_bar, sweep_lengths
 
 AUTO_PROMPT_LENGTHS = (16, 64)
 PAGE_TOKENS = 16
@@ -92,7 +93,6 @@ def _prompt(model: StepModel, length: int, new_tokens: int) -> Any:
 def tune_steps(
     request: Any, cls: type[StepModel], settings: Settings, console: Console
 ) -> tuple[dict[str, Any], list[Point]]:
-    from worker.tuning.command import _progress, sweep_lengths
     from worker.tuning.request import TuneError
     from worker.tuning.result import build_result
 
@@ -115,7 +115,7 @@ def tune_steps(
             f"--lengths: prompts of {max(lengths)} tokens + {new_tokens} new exceed the context of {context}"
         )
     bench = StepBench(model, device, request.pacing, new_tokens)
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         points = sweep_lengths(bench.measure, lengths, request, progress, "running sequences")
     kind = device_kind(device)
     cap = _memory_cap(model, device, budget, request.memory_fraction)

@@ -1,0 +1,243 @@
+"""The whole engine of one worker (prepare, run, store and watch threads) without Celery, Redis or SQL: fake
+messages in, the in-memory store (tests/support/memory_store.py) and a fake clock, models of the tests' own.
+What a user cares about: each item ends with exactly one stored outcome, errors stay with their item, a
+cancelled job's items never run, and every message is acknowledged once, only after its items are stored.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.support.memory_store import MemoryStore, MemoryTunedLimits
+from worker.calls import InferCall
+from worker.models.base import Model
+from worker.runtime.engine import Engine
+from worker.runtime.outbox import Outbox
+from worker.settings import BatchingSettings, Settings
+from worker.store.values import ItemOutcome, JobSpec
+
+ECHO = "tests.support.models:Echo"
+POISON = "tests.support.models:Poison"
+RECORDER = "tests.unit.test_engine:Recorder"
+
+
+class Recorder(Model):
+    """Returns each text upper-cased and remembers every payload it ran."""
+
+    name = "recorder"
+    max_batch_size = 8
+    max_wait_ms = 10.0
+    ran: list[str] = []  # noqa: RUF012  (the test reads what every instance ran)
+
+    def forward(self, payloads: Sequence[str]) -> list[str]:
+        Recorder.ran += payloads
+        return [text.upper() for text in payloads]
+
+
+class FakeClock:
+    """The engine's clock (arrivals, waits, deadlines of lanes): moves only when a test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+
+class FakeMessage:
+    """A kombu message as the engine reads it: a JSON body of (args, kwargs, embed), its headers, and an
+    ack the outbox calls when no channel acknowledges in bulk (the embedded run's path)."""
+
+    content_type = "application/json"
+    content_encoding = "utf-8"
+
+    def __init__(self, kwargs: dict[str, Any], task_id: str | None = None) -> None:
+        self.headers = {"id": task_id or str(uuid.uuid4())}
+        self.properties: dict[str, Any] = {}
+        self.delivery_tag = self.headers["id"]
+        self.body = orjson.dumps([[], kwargs, {}])
+        self.acks = 0
+
+    def decode(self) -> Any:
+        return orjson.loads(self.body)
+
+    def ack_log_error(self, logger: Any, errors: Any) -> None:
+        self.acks += 1
+
+
+def message(model: str, inputs: list[Any], job_id: str | None = None, **fields: Any) -> FakeMessage:
+    call = InferCall(job_id or str(uuid.uuid4()), model, inputs, total=len(inputs), **fields)
+    return FakeMessage(call.kwargs(), task_id=call.job_id)
+
+
+def job_of(sent: FakeMessage) -> str:
+    return str(sent.decode()[1]["job_id"])
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+class Running:
+    """An engine on its threads, its store, tuned limits and clock."""
+
+    def __init__(self, settings: Settings, tuned: dict[str, dict[str, Any]] | None = None) -> None:
+        self.store = MemoryStore()
+        self.tuned = MemoryTunedLimits(tuned)
+        self.clock = FakeClock()
+        self.engine = Engine(
+            settings, self.store, Outbox(), tuned_limits=self.tuned, worker_name="w@test", clock=self.clock
+        )
+
+    def send(self, *sent: FakeMessage) -> None:
+        for each in sent:
+            self.engine.accept(each)
+
+    def stored(self, job_id: str, count: int, *, advance_s: float = 1.0) -> list[ItemOutcome]:
+        """The job's outcomes once ``count`` are stored, the clock moved past every lane's wait as it goes
+        (items that arrive later wait from their own arrival)."""
+
+        def enough() -> bool:
+            if len(self.store.results(job_id)) >= count:
+                return True
+            self.clock.advance(advance_s)
+            return False
+
+        wait_until(enough)
+        return self.store.results(job_id)
+
+
+@pytest.fixture
+def start() -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+    threshold = gc.get_threshold()
+
+    def start(settings: Settings | None = None, **kwargs: Any) -> Running:
+        running = Running(settings or Settings(models=["noop", ECHO, POISON, RECORDER]), **kwargs)
+        running.engine.start()
+        started.append(running)
+        return running
+
+    Recorder.ran = []
+    yield start
+    for running in started:
+        running.engine.stop(timeout_s=10)
+    gc.unfreeze()  # Engine.start tunes the collector for a worker process; give the test process its own
+    gc.set_threshold(*threshold)
+
+
+def test_an_item_goes_in_and_one_result_comes_out(start: Callable[..., Running]) -> None:
+    running = start()
+    sent = message("noop", ["hello"])
+    running.send(sent)
+    job_id = job_of(sent)
+    assert running.stored(job_id, 1) == [ItemOutcome(job_id, 0, None, output=0)]
+    wait_until(lambda: sent.acks == 1)
+    job = running.store.jobs[job_id]
+    assert (job.state, job.done, job.failed) == ("succeeded", 1, 0)
+    assert [(b.model, b.lane, b.size) for b in running.store.batches] == [("noop", "normal", 1)]
+    time.sleep(0.05)
+    assert sent.acks == 1 and len(running.store.outcomes) == 1  # exactly once
+
+
+def test_a_lane_waits_for_its_wait_on_the_engines_clock(start: Callable[..., Running]) -> None:
+    running = start()
+    sent = message(ECHO, ["a", "bb"])
+    running.send(sent)
+    job_id = job_of(sent)
+    wait_until(lambda: job_id in running.engine.holdings.jobs())
+    time.sleep(0.2)  # Echo waits 10 ms for more items, on the fake clock, which has not moved
+    assert running.store.results(job_id) == [] and sent.acks == 0
+    outcomes = running.stored(job_id, 2, advance_s=0.011)
+    assert [o.output for o in outcomes] == [{"echo": "a", "n": 1}, {"echo": "bb", "n": 2}]
+    wait_until(lambda: sent.acks == 1)
+
+
+def test_a_failing_item_is_stored_as_its_error_and_the_rest_succeed(start: Callable[..., Running]) -> None:
+    running = start()
+    sent = message(POISON, ["a", "poison", "ccc", "dd"])
+    running.send(sent)
+    job_id = job_of(sent)
+    outcomes = running.stored(job_id, 4)
+    assert [o.output for o in outcomes] == [1, None, 3, 2]
+    assert outcomes[1].error is not None and "cannot digest 'poison'" in outcomes[1].error
+    wait_until(lambda: sent.acks == 1)
+    job = running.store.jobs[job_id]
+    assert (job.state, job.done, job.failed) == ("partial", 3, 1)
+
+
+def test_an_invalid_item_fails_alone_before_any_batch(start: Callable[..., Running]) -> None:
+    running = start()
+    sent = message(ECHO, ["fine", {"text": 7}])
+    running.send(sent)
+    job_id = job_of(sent)
+    ok, bad = running.stored(job_id, 2)
+    assert ok.output == {"echo": "fine", "n": 4}
+    assert bad.error is not None and bad.error.startswith("invalid input:")
+    wait_until(lambda: sent.acks == 1)
+
+
+def test_a_cancelled_jobs_items_are_not_run(start: Callable[..., Running]) -> None:
+    running = start()
+    job_id = str(uuid.uuid4())
+    running.store.create_job(JobSpec(job_id, RECORDER, "normal", 3))
+    running.store.cancel(job_id)
+    sent = message(RECORDER, ["x", "y", "z"], job_id=job_id)
+    other = message(RECORDER, ["kept"])
+    running.send(sent, other)
+    wait_until(lambda: job_id in running.engine.holdings.jobs())
+    running.engine.cancels.refresh()  # the watch thread's once-a-second question, asked now
+    outcomes = running.stored(job_id, 3)
+    assert [(o.output, o.error) for o in outcomes] == [(None, "cancelled")] * 3
+    assert [o.output for o in running.stored(job_of(other), 1)] == ["KEPT"]
+    assert Recorder.ran == ["kept"]  # the cancelled job's items never reached the model
+    assert running.store.jobs[job_id].state == "cancelled"
+    wait_until(lambda: sent.acks == 1 and other.acks == 1)
+
+
+def test_a_message_that_is_no_call_fails_its_own_job_and_is_acknowledged(
+    start: Callable[..., Running],
+) -> None:
+    running = start()
+    job_id = str(uuid.uuid4())
+    sent = FakeMessage({"model": "no-such-model", "inputs": ["a"], "job_id": job_id})
+    running.send(sent)
+    wait_until(lambda: sent.acks == 1)
+    job = running.store.jobs[job_id]
+    assert job.state == "failed" and job.error is not None and "no-such-model" in job.error
+    assert running.store.outcomes == {}
+
+
+def test_explicit_settings_go_over_tuned_limits_in_the_worker(start: Callable[..., Running]) -> None:
+    """The worker's lanes resolve N as `batchwork models` does: explicit, then tuned, then the model's."""
+    tuned = {"tests.support.models:Echo": {"max_batch_size": 2}}
+    running = start(tuned=tuned)
+    sent = message(ECHO, ["a", "b", "c", "d", "e"])
+    running.send(sent)
+    wait_until(lambda: len(running.store.batches) == 2)  # full batches go at once, whatever the clock
+    running.stored(job_of(sent), 5)
+    assert [b.size for b in running.store.batches] == [2, 2, 1]
+
+    settings = Settings(models=["noop", ECHO], batching={ECHO: BatchingSettings(max_batch_size=3)})
+    running = start(settings, tuned=tuned)
+    sent = message(ECHO, ["a", "b", "c", "d", "e"])
+    running.send(sent)
+    running.stored(job_of(sent), 5)
+    assert [b.size for b in running.store.batches] == [3, 2]
