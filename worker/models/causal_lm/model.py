@@ -150,22 +150,29 @@ class CausalLM(StepModel):
     def load_network(self, checkpoint: Path, device: str) -> tuple[Forwards, Shape]:
         """The checkpoint's forwards over a fresh KV pool of ``kv_budget_tokens``, and its shape: the model
         transformers loads, attention ours. The seam where a model with its own network (gpt2) plugs in."""
+        from worker.models.causal_lm.network import Network, load_model, read_shape
+
+        model = load_model(checkpoint, cast(CausalLMOptions, self.options()).precision, device)
+        shape = read_shape(model)
+        return Network(
+            model, self.kv_pool(shape.layers, shape.kv_heads, shape.head_dim, device), device
+        ), shape
+
+    def kv_pool(self, layers: int, kv_heads: int, head_dim: int, device: str) -> PagePool:
+        """A fresh paged KV pool of ``kv_budget_tokens`` in the ``precision`` option's dtype."""
         from worker.models.causal_lm.cache import PagePool
-        from worker.models.causal_lm.network import DTYPES, Network, load_model, read_shape
+        from worker.models.causal_lm.network import DTYPES
 
         options = cast(CausalLMOptions, self.options())
-        model = load_model(checkpoint, options.precision, device)
-        shape = read_shape(model)
-        pool = PagePool(
-            layers=shape.layers,
-            heads=shape.kv_heads,
-            head_dim=shape.head_dim,
+        return PagePool(
+            layers=layers,
+            heads=kv_heads,
+            head_dim=head_dim,
             pages=options.kv_budget_tokens // PAGE_TOKENS,
             page_tokens=PAGE_TOKENS,
             dtype=DTYPES[options.precision],
             device=device,
         )
-        return Network(model, pool, device), shape
 
     def prepare(self, checked: Sequence[Request]) -> list[Prepared]:
         """Tokenize a whole message at once. Never raises for one item: a prompt too long for the context or
@@ -322,36 +329,3 @@ def _loaded(part: T | None, caller: str) -> T:
     if part is None:
         raise RuntimeError(f"CausalLM.{caller} called before load()")
     return part
-
-
-class GPT2Options(CausalLMOptions):
-    """gpt2's block of BATCHWORK_MODEL_OPTIONS: the generate kind's options and the checkpoint's ``path``."""
-
-    # A local GPT-2-format checkpoint directory; never downloaded.
-    path: str | None = None
-
-
-class GPT2(CausalLM):
-    """GPT-2 text generation (greedy or seeded sampling) from the directory its ``path`` option names."""
-
-    name = "gpt2"
-    Options = GPT2Options
-
-    @classmethod
-    def checkpoint_path(cls, settings: Settings) -> str | None:
-        return cast(GPT2Options, cls.options_from(settings.model_options.get(cls.name, {}))).path
-
-    @classmethod
-    def checkpoint_dir(cls, settings: Settings) -> Path:
-        setting = cls.checkpoint_path(settings)
-        if not setting:
-            raise RuntimeError(f"the gpt2 model has no checkpoint: {GPT2_SETUP}")
-        if not (Path(setting).expanduser() / "config.json").is_file():
-            raise FileNotFoundError(f"gpt2's path {setting!r} has no config.json: {GPT2_SETUP}")
-        return Path(setting).expanduser()
-
-
-GPT2_SETUP = (
-    'set BATCHWORK_MODEL_OPTIONS=\'{"gpt2": {"path": "/models/gpt2"}}\' to a local Hugging Face GPT-2-format '
-    "directory (config.json, model.safetensors or pytorch_model.bin, tokenizer files)"
-)
