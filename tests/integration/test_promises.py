@@ -278,13 +278,17 @@ def test_step_model_metrics_running_sequences_and_preemptions(
         preload=["gpt2"],
     )
     url = f"http://127.0.0.1:{port}/metrics"
-    items = [{"prompt": f"request {i}", "max_new_tokens": 60} for i in range(8)]
-    with workers(env):
+    # Enough work (two such sequences fit the budget at a time) that the job outlives a few scrapes even
+    # when the network is fast: the gauge is only non-zero while sequences run.
+    items = [{"prompt": f"request {i}", "max_new_tokens": 60} for i in range(48)]
+    with workers(env) as [worker]:
         [job_id] = produce(env, [{"via": "submit", "model": "gpt2", "inputs": items}])
         running = wait_until(
             lambda: scrape(url).get('batchwork_running_sequences{model="gpt2"}'),
             120,
-            lambda: "no running sequence was ever reported",
+            lambda: (
+                "no running sequence was ever reported; the worker's log:\n" + "\n".join(worker.log[-40:])
+            ),
             poll_s=0.02,
         )
         [status] = wait_finished(pg_store, [job_id])
