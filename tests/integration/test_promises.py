@@ -7,7 +7,9 @@ import json
 import math
 import subprocess
 import sys
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from tests.integration.processes import (
 )
 from worker.broker.keys import Keys
 from worker.store.results import ResultStore
+from worker.store.values import FINISHED_STATES
 
 ECHO = "tests.support.models:Echo"
 OOM16 = "tests.support.models:OutOfMemoryAbove16"
@@ -278,19 +281,22 @@ def test_step_model_metrics_running_sequences_and_preemptions(
         preload=["gpt2"],
     )
     url = f"http://127.0.0.1:{port}/metrics"
-    # Enough work (two such sequences fit the budget at a time) that the job outlives a few scrapes even
-    # when the network is fast: the gauge is only non-zero while sequences run.
     items = [{"prompt": f"request {i}", "max_new_tokens": 60} for i in range(48)]
+    gauge = 'batchwork_running_sequences{model="gpt2"}'
+    seen: list[float] = []
     with workers(env) as [worker]:
-        [job_id] = produce(env, [{"via": "submit", "model": "gpt2", "inputs": items}])
-        running = wait_until(
-            lambda: scrape(url).get('batchwork_running_sequences{model="gpt2"}'),
-            120,
-            lambda: (
-                "no running sequence was ever reported; the worker's log:\n" + "\n".join(worker.log[-40:])
-            ),
-            poll_s=0.02,
-        )
+        # Scraped from before the job is published: a fast model may finish it before `produce` returns.
+        with ThreadPoolExecutor(1) as pool:
+            produced = pool.submit(produce, env, [{"via": "submit", "model": "gpt2", "inputs": items}])
+            deadline = time.monotonic() + 120
+            while not (produced.done() and _finished(pg_store, produced.result()[0])):
+                assert time.monotonic() < deadline, "the job did not finish:\n" + "\n".join(worker.log[-40:])
+                if value := scrape(url).get(gauge):
+                    seen.append(value)
+                time.sleep(0.01)
+        [job_id] = produced.result()
+        assert seen, "no running sequence was ever reported:\n" + "\n".join(worker.log[-40:])
+        running = max(seen)
         [status] = wait_finished(pg_store, [job_id])
         after = scrape(url)
     assert status.state == "succeeded"
@@ -348,3 +354,8 @@ def test_the_jobs_page_cookie_is_httponly_and_kept_to_ui(
         assert httpx.get(f"{api.url}/ui/", cookies={name: key}).status_code == 200
         # The cookie is for the page only: the API takes a Bearer key, never the cookie.
         assert httpx.get(f"{api.url}/v1/jobs", cookies={name: key}).status_code == 401
+
+
+def _finished(store: ResultStore, job_id: str) -> bool:
+    status = store.status(job_id)
+    return status is not None and status.state in FINISHED_STATES
