@@ -83,12 +83,14 @@ def test_a_job_sent_in_length_order_stores_every_item_at_its_index_in_batches_of
     batches = store.recent_batches(job_id, limit=1000)
     padded = sum(b.padded_tokens for b in batches)
     # The least padding this order allows: each window sorted and cut into batches of N. The same job sent
-    # in index order (to workers that sort only what they hold) measured 1.11x that.
+    # in index order (to workers that sort only what they hold) measured 1.11x that; length order measures
+    # 1.00-1.04x (a batch that closes on max_wait_ms before its bucket fills pads a little more), so the
+    # bound sits between the two.
     window, least = 50 * ORDER_WINDOW_CHUNKS, 0
     for start in range(0, len(inputs), window):
         lengths = sorted(len(item["text"]) for item in inputs[start : start + window])
         least += sum(max(lengths[i : i + 32]) * len(lengths[i : i + 32]) for i in range(0, len(lengths), 32))
-    assert padded <= 1.03 * least, (padded, least)
+    assert padded <= 1.06 * least, (padded, least)
 
 
 @pytest.mark.slow
