@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from functools import partial
 from typing import Any
 
 import orjson
-from kombu.transport import redis as kombu_redis
 
 from worker.broker import scripts
 from worker.broker.keys import Keys
+from worker.celery_compat.hub import poll_again_after
+from worker.celery_compat.redis_transport import FanoutPoller, FetchingChannel, FetchingTransport, HeldQoS
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +42,11 @@ HUB_MIN_DELAY_S = 0.001
 RESTORE_LIMIT = 1000
 
 
-class QoS(kombu_redis.QoS):
+class QoS(HeldQoS):
     """Held messages: the fetch script records them in Redis, so ``append`` only keeps them in memory."""
 
     def append(self, message: Any, delivery_tag: str) -> None:
-        kombu_redis.virtual.QoS.append(self, message, delivery_tag)
+        self.hold_in_memory(message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
         self.ack_many([delivery_tag])
@@ -73,7 +73,7 @@ class QoS(kombu_redis.QoS):
                 pipe.zrem(keys.pending_jobs, *jobs)
             pipe.execute()
         for tag in tags:
-            kombu_redis.virtual.QoS.ack(self, tag)
+            self.forget_in_memory(tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if requeue:
@@ -81,13 +81,11 @@ class QoS(kombu_redis.QoS):
         else:
             self.ack_many([delivery_tag])
             return
-        kombu_redis.virtual.QoS.ack(self, delivery_tag)
+        self.forget_in_memory(delivery_tag)
 
     def restore_unacked(self, client: Any = None) -> None:
         """At channel close (a worker stopping): hand back everything still held, in one round trip."""
-        self._flush()
-        tags = list(self._delivered)
-        self._delivered.clear()
+        tags = self.take_all_held()
         if tags:
             self.channel.hand_back(tags)
 
@@ -104,10 +102,10 @@ class QoS(kombu_redis.QoS):
             log.warning("handed back %d messages whose worker stopped renewing their lease", restored)
 
 
-class Channel(kombu_redis.Channel):
+class Channel(FetchingChannel):
     QoS = QoS
     # kombu copies these transport options onto the channel; mypy reads kombu's tuple as fixed-length.
-    from_transport_options = kombu_redis.Channel.from_transport_options + ("batchwork_prefix",)  # type: ignore[assignment]
+    from_transport_options = FetchingChannel.from_transport_options + ("batchwork_prefix",)  # type: ignore[assignment]
     batchwork_prefix = "batchwork"
     # How many messages to fetch from each consumed queue now, given the room in the prefetch window (the
     # worker's intake throttle); None: as many as there is room for, from any.
@@ -116,21 +114,9 @@ class Channel(kombu_redis.Channel):
     held_back = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._shared_client: Any = None
         super().__init__(*args, **kwargs)
         self.keys = Keys(self.batchwork_prefix)
         self._scripts: dict[str, Any] = {}
-
-    def _create_client(self, asynchronous: bool = False) -> Any:
-        """One synchronous client per channel, for every fetch, ack, lease renewal and event publish. kombu
-        makes a new one per command (``conn_or_acquire``), and redis-py's constructor costs about 0.2 ms
-        (its table of response callbacks), more than the fetch script's round trip; a client only borrows
-        connections from the channel's pool, so sharing one is safe."""
-        if asynchronous:
-            return super()._create_client(asynchronous=True)
-        if self._shared_client is None:
-            self._shared_client = super()._create_client()
-        return self._shared_client
 
     def script(self, client: Any, name: str) -> Any:
         source = {
@@ -194,38 +180,29 @@ class Channel(kombu_redis.Channel):
             log.error("dropped a message in %s that is not a kombu message (%s): %r", queue, exc, raw[:200])
             self.qos.ack_many([tag])
             return
-        self.connection._deliver(payload, queue)
-
-    def _brpop_start(self, timeout: int | None = None) -> None:
-        """Never BRPOP: messages are taken by ``fetch``, which records them as held in the same step."""
+        self.deliver(payload, queue)
 
 
-class Poller(kombu_redis.MultiChannelPoller):
+class Poller(FanoutPoller):
     """kombu's poller for fanout (events, remote control) without BRPOP; queues are fetched on a timer."""
-
-    def _register_BRPOP(self, channel: Any) -> None:
-        pass
 
     def get(self, callback: Any, timeout: float | None = None) -> None:
         # Without an event loop (drain_events), fetch here, then wait on the fanout connections as kombu does.
-        for channel in list(self._channels):
+        for channel in self.served_channels():
             if channel.active_queues and channel.qos.can_consume() and channel.fetch():
                 return
         super().get(callback, min(timeout, IDLE_FETCH_S) if timeout is not None else IDLE_FETCH_S)
 
 
-class Transport(kombu_redis.Transport):
+class Transport(FetchingTransport):
     Channel = Channel
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.cycle: Poller = Poller()  # type: ignore[assignment]  # kombu types it as the base transport's
+    poller_class = Poller
+    cycle: Poller
 
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
         super().register_with_event_loop(connection, loop)
         # Celery builds its loop after this, from this attribute; a reconnect registers again.
-        if not isinstance(loop.fire_timers, partial):
-            loop.fire_timers = partial(loop.fire_timers, min_delay=HUB_MIN_DELAY_S)
+        poll_again_after(loop, HUB_MIN_DELAY_S)
         fetcher = getattr(self, "_fetcher", None)
         if fetcher is not None:
             fetcher.stop()  # a reconnect registers again: one fetch loop at a time
@@ -255,7 +232,7 @@ class Fetcher:
     def tick(self) -> None:
         taken, held_back = 0, False
         try:
-            for channel in list(self.cycle._channels):
+            for channel in self.cycle.served_channels():
                 if not channel.active_queues:
                     continue
                 if channel.qos.can_consume():
