@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from kombu.serialization import registry
 
+from worker.celery_compat.events import register_encoder, send_in_bulk
+from worker.celery_compat.messages import mark_acked
 from worker.runtime.deliveries import Delivery, Holdings
 
 log = logging.getLogger(__name__)
@@ -36,10 +37,7 @@ def _register_event_serializer() -> None:
     """Task events are plain JSON, three per message; kombu's json writer was a tenth of a busy worker's
     time. orjson writes the same JSON, and a receiver (Flower) reads it as any application/json message.
     Encoder only: reading application/json stays kombu's, and so does the name replies are sent under."""
-    json_name = registry.type_to_name.get("application/json")
-    registry.register(EVENT_SERIALIZER, _event_json, None, "application/json", "utf-8")
-    if json_name is not None:
-        registry.type_to_name["application/json"] = json_name
+    register_encoder(EVENT_SERIALIZER, _event_json, "application/json", "utf-8")
 
 
 def _event_json(value: Any) -> str:
@@ -132,7 +130,7 @@ class Outbox:
         except Exception as exc:  # stored already: a lost ack only means a redelivery, which stores nothing
             log.warning("could not acknowledge %d messages: %s", len(tags), exc)
         for delivery in deliveries:
-            delivery.message._state = "ACK"  # type: ignore[attr-defined]  # as Message.ack would mark it
+            mark_acked(delivery.message)  # as Message.ack would
 
     def _send(self, events: list[tuple[str, Delivery, dict[str, Any]]]) -> None:
         dispatcher = self._dispatcher() if self._dispatcher else None
@@ -140,8 +138,7 @@ class Outbox:
             return  # send() itself skips task events unless the worker was asked for them
         # Celery's dispatcher buffers task events while an event loop runs and publishes them as one
         # "task.multi" message per turn of the loop, or per 24 events; a tick's worth is one message.
-        dispatcher.buffer_limit = max(dispatcher.buffer_limit, EVENTS_PER_MESSAGE)
-        dispatcher.serializer = EVENT_SERIALIZER
+        send_in_bulk(dispatcher, EVENTS_PER_MESSAGE, EVENT_SERIALIZER)
         for kind, delivery, fields in events:
             try:
                 dispatcher.send(kind, uuid=delivery.task_id, **fields)
