@@ -2,14 +2,13 @@
 job's record, in one Redis round trip.
 
 Celery's own publish path costs a producer about as much as the whole round trip here, so batchwork writes the
-same messages Celery would (protocol 2, any Celery worker can read them) straight to the queue lists. A job
-enqueued with ``record_job`` is known to Redis until a worker records it in SQL (see ``PendingJobs``).
-Nothing here checks a call: callers have.
+same messages Celery would (protocol 2, any Celery worker can read them; worker/celery_compat/protocol.py)
+straight to the queue lists. A job enqueued with ``record_job`` is known to Redis until a worker records it
+in SQL (see ``PendingJobs``). Nothing here checks a call: callers have.
 """
 
 from __future__ import annotations
 
-import base64
 import os
 import socket
 import time
@@ -24,6 +23,7 @@ import redis
 
 from worker.broker.keys import Keys
 from worker.calls import TASK_NAME, InferCall
+from worker.celery_compat.protocol import task_message
 from worker.errors import BrokerUnavailable, InvalidInput
 
 # A message stays under this many bytes of items (and at most BATCHWORK_SUBMIT_CHUNK_SIZE items), so one large
@@ -33,7 +33,6 @@ MAX_MESSAGE_BYTES = 1 << 20
 PIPELINE_MESSAGES = 64
 # How long a job accepted by a producer stays known to Redis if no worker ever takes it.
 PENDING_JOB_TTL_S = 7 * 86400
-_EMBED = b'{"callbacks":null,"errbacks":null,"chain":null,"chord":null}'
 
 
 @lru_cache(maxsize=4)
@@ -123,47 +122,9 @@ class Publisher:
         return head[:-1] + b',"inputs":[' + items + b"]}"
 
     def _message(self, task_id: str, queue: str, kwargs: bytes, call: InferCall) -> bytes:
-        body = b"[[]," + kwargs + b"," + _EMBED + b"]"
-        headers: dict[str, Any] = {
-            "lang": "py",
-            "task": TASK_NAME,
-            "id": task_id,
-            "shadow": None,
-            "eta": None,
-            "expires": None,
-            "group": None,
-            "group_index": None,
-            "retries": 0,
-            "timelimit": [None, None],
-            "root_id": task_id,
-            "parent_id": None,
-            "argsrepr": "()",
-            # What Flower shows for the task: a summary, never the inputs themselves.
-            "kwargsrepr": f"{{'model': {call.model!r}, 'job_id': {call.job_id!r}}}",
-            "origin": self._origin,
-            "ignore_result": True,
-            "replaced_task_nesting": 0,
-            "stamped_headers": None,
-            "stamps": {},
-        }
-        properties = {
-            "correlation_id": task_id,
-            "reply_to": None,
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": queue},
-            "priority": 0,
-            "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
-        }
-        return orjson.dumps(
-            {
-                "body": base64.b64encode(body).decode(),
-                "content-encoding": "utf-8",
-                "content-type": "application/json",
-                "headers": headers,
-                "properties": properties,
-            }
-        )
+        # What Flower shows for the task: a summary, never the inputs themselves.
+        summary = f"{{'model': {call.model!r}, 'job_id': {call.job_id!r}}}"
+        return task_message(TASK_NAME, task_id, queue, kwargs, kwargsrepr=summary, origin=self._origin)
 
 
 class PendingJobs:
