@@ -11,11 +11,10 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from celery import Task
-
 from worker.broker.keys import Keys
 from worker.calls import TASK_NAME, InferCall
 from worker.celery_app import app
+from worker.celery_compat.tasks import publish_plainly
 from worker.settings import Settings
 
 # Set while an in-process worker runs (``batchwork run`` with no broker): only then may a producer publish
@@ -37,12 +36,13 @@ def publish_in_process(call: InferCall, settings: Settings) -> None:
 
 
 def _send(task: Any, call: InferCall, task_id: str | None, queue: str, producer: Any) -> None:
-    # Task.apply_async, not infer's own (which checks and enqueues a whole call). A summary as the message's
-    # kwargsrepr, as the Redis producer writes it: Celery's own repr of every item costs more than the send.
+    # Celery's own apply_async, not infer's (which checks and enqueues a whole call). A summary as the
+    # message's kwargsrepr, as the Redis producer writes it: Celery's repr of every item costs more than
+    # the send.
     summary = f"{{'model': {call.model!r}, 'job_id': {call.job_id!r}}}"
-    Task.apply_async(
+    publish_plainly(
         task,
-        kwargs=call.kwargs(),
+        call.kwargs(),
         task_id=task_id,
         queue=queue,
         producer=producer,
