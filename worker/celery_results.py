@@ -9,12 +9,11 @@ cancelled REVOKED. Workers never write through this backend: results go to SQL w
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime
 from typing import Any
 
 from celery import states
-from celery.backends.base import BaseBackend
 
+from worker.celery_compat.results import ReadOnlyBackend, meta
 from worker.errors import JobFailed, JobNotFound
 
 _STATES = {
@@ -27,27 +26,27 @@ _STATES = {
 }
 
 
-class StoreBackend(BaseBackend):
+class StoreBackend(ReadOnlyBackend):
     """Reads jobs through ``worker.client.Client`` (SQL, and Redis for jobs no worker took yet)."""
 
-    def _get_task_meta_for(self, task_id: str) -> dict[str, Any]:
+    def task_meta(self, task_id: str) -> dict[str, Any]:
         from worker.client import default_client
 
         client = default_client()
         try:
             job = client.status(task_id)
         except JobNotFound:
-            return _meta(task_id, states.PENDING)  # Celery's answer for an id it does not know
+            return meta(task_id, states.PENDING)  # Celery's answer for an id it does not know
         state = _STATES[job.state]
         if state == states.SUCCESS:
-            return _meta(task_id, state, [r.output for r in client.results(task_id)], job.finished_at)
+            return meta(task_id, state, [r.output for r in client.results(task_id)], job.finished_at)
         if state == states.FAILURE:
-            return _meta(
+            return meta(
                 task_id, state, _failure(task_id, job.total, client.results(task_id)), job.finished_at
             )
         if state == states.REVOKED:
-            return _meta(task_id, state, JobFailed(f"job {task_id} was cancelled"), job.finished_at)
-        return _meta(task_id, state)
+            return meta(task_id, state, JobFailed(f"job {task_id} was cancelled"), job.finished_at)
+        return meta(task_id, state)
 
     def store_result(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
@@ -56,17 +55,6 @@ class StoreBackend(BaseBackend):
 
     def as_uri(self, include_password: bool = False) -> str:
         return "batchwork-store://"
-
-
-def _meta(task_id: str, status: str, result: Any = None, done: datetime | None = None) -> dict[str, Any]:
-    return {
-        "task_id": task_id,
-        "status": status,
-        "result": result,
-        "traceback": None,
-        "children": [],
-        "date_done": done,
-    }
 
 
 def _failure(task_id: str, total: int, results: Any) -> JobFailed:
