@@ -57,7 +57,9 @@ def create_app(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
     )
     app.conf.broker_transport = (
-        "worker.broker.memory:Transport" if settings.embedded else "worker.broker.transport:Transport"
+        "worker.celery_compat.memory_transport:Transport"
+        if settings.embedded
+        else "worker.broker.transport:Transport"
     )
     app.steps["consumer"].add("worker.runtime.consumer:BatchingStep")
     return app

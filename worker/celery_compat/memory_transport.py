@@ -1,7 +1,9 @@
-"""The in-memory broker of the embedded run (``batchwork run`` with no broker), made to stop promptly.
+"""kombu's in-memory transport of the embedded run (``batchwork run`` with no broker), made to stop promptly.
 
-Celery drives a transport without an event loop with ``drain_events(timeout=2.0)`` and looks for a stop
-request only between two calls, so an in-process worker took two seconds to stop after its last message.
+Private thing (contract: tests/unit/test_celery_compat.py): Celery drives a transport without an event loop
+(``celery.worker.loops.synloop``) with ``connection.drain_events(timeout=2.0)`` and looks for a stop request
+only between two calls, so an in-process worker took two seconds to stop after its last message. Each wait
+here lasts at most STOP_CHECK_S.
 """
 
 from __future__ import annotations
