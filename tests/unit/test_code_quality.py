@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,69 @@ def test_the_pure_core_imports_nothing_of_the_edges() -> None:
     )
     printed = fresh_python(code)
     assert printed.strip() == ""
+
+
+# Celery's and kombu's private parts that worker/celery_compat/ adapts (one module per seam): attributes and
+# method names (read or overridden), and the modules beyond the public top level. ``_flush`` is left out (the
+# store's file spool has its own); the QoS seam is caught by ``_delivered`` beside it.
+PRIVATE_CELERY_NAMES = {
+    "_state",
+    "_brpop_start",
+    "_register_BRPOP",
+    "_create_client",
+    "_channels",
+    "_delivered",
+    "_deliver",
+    "_get_task_meta_for",
+    "fire_timers",
+    "type_to_name",
+    "buffer_limit",
+    "task_consumer",
+}
+PUBLIC_CELERY_MODULES = {"celery", "celery.exceptions", "kombu"}
+
+
+def private_celery_uses(path: Path) -> list[str]:
+    """Where the module at ``path`` reaches past Celery's and kombu's public API, as ``line: what``."""
+    tree = ast.parse(path.read_text(), str(path))
+    uses = [
+        (getattr(node, "lineno", 0), use)
+        for node in ast.walk(tree)
+        for use in _private_imports(node) + _private_names(node)
+    ]
+    return [f"{path.relative_to(ROOT)}:{line}: {use}" for line, use in sorted(uses)]
+
+
+def _private_imports(node: ast.AST) -> list[str]:
+    def framework(module: str) -> bool:
+        return module.split(".")[0] in ("celery", "kombu")
+
+    if isinstance(node, ast.Import):
+        modules = [alias.name for alias in node.names if framework(alias.name)]
+        return [f"import {name}" for name in modules if name not in PUBLIC_CELERY_MODULES]
+    if isinstance(node, ast.ImportFrom) and framework(node.module or ""):
+        uses = [] if node.module in PUBLIC_CELERY_MODULES else [f"from {node.module}"]
+        return uses + [alias.name for alias in node.names if alias.name.startswith("_")]
+    return []
+
+
+def _private_names(node: ast.AST) -> list[str]:
+    match node:
+        case ast.Attribute(attr=name) if name in PRIVATE_CELERY_NAMES:
+            return [f".{name}"]
+        case ast.FunctionDef(name=name) if name in PRIVATE_CELERY_NAMES:
+            return [f"def {name}"]
+        case ast.Constant(value=str(text)) if text.startswith(("celery.", "kombu.")):
+            return [repr(text)]  # an internal module named by path (a bootstep's requires)
+        case ast.Call(func=ast.Attribute(value=ast.Name(id="Task"), attr="apply_async")):
+            return ["Task.apply_async(...) past a task's own"]
+    return []
+
+
+def test_celery_and_kombu_internals_are_reached_only_through_celery_compat() -> None:
+    """A Celery or kombu upgrade finds every private part batchwork relies on in worker/celery_compat/,
+    each with its contract test (tests/unit/test_celery_compat.py)."""
+    compat = ROOT / "worker" / "celery_compat"
+    paths = [p for package in ("worker", "api") for p in sorted((ROOT / package).rglob("*.py"))]
+    found = [use for path in paths if compat not in path.parents for use in private_celery_uses(path)]
+    assert found == [], "move these behind worker/celery_compat/ (one module per seam):\n" + "\n".join(found)
