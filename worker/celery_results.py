@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import states
 
-from worker.celery_compat.results import ReadOnlyBackend, meta
+from worker.celery_compat.celery_seams import ReadOnlyBackend, meta
 from worker.errors import JobFailed, JobNotFound
 
 _STATES = {

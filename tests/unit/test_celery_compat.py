@@ -29,14 +29,15 @@ from kombu.asynchronous import Hub
 from kombu.message import Message
 from kombu.transport import redis as kombu_redis
 
-from worker.celery_compat import consumer as celery_consumer
-from worker.celery_compat.events import send_in_bulk
-from worker.celery_compat.hub import poll_again_after
-from worker.celery_compat.messages import mark_acked
-from worker.celery_compat.protocol import task_message
-from worker.celery_compat.redis_transport import FanoutPoller, HeldQoS
-from worker.celery_compat.results import ReadOnlyBackend, meta
-from worker.celery_compat.tasks import publish_plainly
+from worker.celery_compat.celery_seams import (
+    AFTER_TASKS_AND_EVENTS,
+    ReadOnlyBackend,
+    meta,
+    publish_plainly,
+    send_in_bulk,
+    task_message,
+)
+from worker.celery_compat.kombu_seams import FanoutPoller, HeldQoS, mark_acked, poll_again_after
 
 ROOT = Path(__file__).resolve().parents[2]
 # The versions each seam below was read against. A new pin in pyproject.toml: re-read worker/celery_compat/
@@ -54,15 +55,17 @@ def pinned(framework: str) -> str:
 
 
 @contextmanager
-def seam(module: str, framework: str, relies_on: str) -> Iterator[None]:
-    """Turn any failure inside into one line naming the seam, what it relies on and the versions."""
+def seam(section: str, framework: str, relies_on: str, home: str | None = None) -> Iterator[None]:
+    """Turn any failure inside into one line naming the seam, what it relies on and the versions; the seam's
+    section is in worker/celery_compat/``home``_seams.py (the framework's own module unless named)."""
     try:
         yield
     except Exception as exc:  # an assertion, a missing attribute, a changed signature: all mean the same
         pytest.fail(
-            f"celery_compat seam {module!r} relies on {relies_on} of {framework} (read against "
+            f"celery_compat seam {section!r} relies on {relies_on} of {framework} (read against "
             f"{CHECKED_AGAINST[framework]}, pinned {pinned(framework)}, installed {version(framework)}), "
-            f"and that changed: {type(exc).__name__}: {exc}. Read worker/celery_compat/{module}.py.",
+            f"and that changed: {type(exc).__name__}: {exc}. Read its section in "
+            f"worker/celery_compat/{home or framework}_seams.py.",
             pytrace=False,
         )
 
@@ -80,28 +83,28 @@ def test_the_seams_were_read_against_the_pinned_versions(framework: str) -> None
     )
 
 
-# -- redis_transport ------------------------------------------------------------------------------------
+# -- kombu: the Redis transport -------------------------------------------------------------------------
 
 
-def test_redis_transport_brpop_is_started_only_through_the_two_methods_we_silence() -> None:
-    with seam("redis_transport", "kombu", "MultiChannelPoller._register_BRPOP / Channel._brpop_start"):
+def test_kombu_redis_transport_brpop_is_started_only_through_the_two_methods_we_silence() -> None:
+    with seam("the Redis transport", "kombu", "MultiChannelPoller._register_BRPOP / Channel._brpop_start"):
         assert callable(kombu_redis.Channel._brpop_start)
         assert "self._register_BRPOP(channel)" in source(kombu_redis.MultiChannelPoller.on_poll_start)
         assert "channel._brpop_start()" in source(kombu_redis.MultiChannelPoller._register_BRPOP)
         assert "_brpop_start" not in source(kombu_redis.MultiChannelPoller.on_poll_start)
 
 
-def test_redis_transport_every_client_comes_from_create_client() -> None:
-    with seam("redis_transport", "kombu", "Channel._create_client(asynchronous=...)"):
+def test_kombu_redis_transport_every_client_comes_from_create_client() -> None:
+    with seam("the Redis transport", "kombu", "Channel._create_client(asynchronous=...)"):
         parameters = inspect.signature(kombu_redis.Channel._create_client).parameters
         assert list(parameters) == ["self", "asynchronous"]
         assert "self._create_client()" in source(kombu_redis.Channel.conn_or_acquire)
         assert "self._create_client(asynchronous=True)" in source(kombu_redis.Channel)  # .client
 
 
-def test_redis_transport_poller_channels_cycle_and_deliver() -> None:
+def test_kombu_redis_transport_poller_channels_cycle_and_deliver() -> None:
     with seam(
-        "redis_transport", "kombu", "MultiChannelPoller._channels, Transport.cycle, Transport._deliver"
+        "the Redis transport", "kombu", "MultiChannelPoller._channels, Transport.cycle, Transport._deliver"
     ):
         poller = FanoutPoller()
         channel = object()
@@ -126,8 +129,8 @@ class _NoRestore:
     do_restore = False
 
 
-def test_redis_transport_qos_bookkeeping_in_memory() -> None:
-    with seam("redis_transport", "kombu", "virtual QoS.append/.ack, QoS._delivered and QoS._flush"):
+def test_kombu_redis_transport_qos_bookkeeping_in_memory() -> None:
+    with seam("the Redis transport", "kombu", "virtual QoS.append/.ack, QoS._delivered and QoS._flush"):
         qos = HeldQoS(_NoRestore(), prefetch_count=10)
         for tag in ("t1", "t2", "t3"):
             qos.hold_in_memory(f"message {tag}", tag)
@@ -138,11 +141,13 @@ def test_redis_transport_qos_bookkeeping_in_memory() -> None:
         assert "self._delivered" in source(kombu_redis.QoS.restore_unacked)  # what we replace reads the same
 
 
-# -- hub ------------------------------------------------------------------------------------------------
+# -- kombu: the event loop ------------------------------------------------------------------------------
 
 
-def test_hub_a_busy_turn_sleeps_a_second_unless_patched() -> None:
-    with seam("hub", "kombu", "Hub.fire_timers(min_delay=1, max_timers=10) read by Hub.create_loop"):
+def test_kombu_hub_a_busy_turn_sleeps_a_second_unless_patched() -> None:
+    with seam(
+        "the event loop", "kombu", "Hub.fire_timers(min_delay=1, max_timers=10) read by Hub.create_loop"
+    ):
         parameters = inspect.signature(Hub.fire_timers).parameters
         assert parameters["min_delay"].default == 1 and parameters["max_timers"].default == 10
         assert "fire_timers = self.fire_timers" in source(Hub.create_loop)
@@ -160,7 +165,7 @@ def test_hub_a_busy_turn_sleeps_a_second_unless_patched() -> None:
                 hub.close()
 
 
-# -- messages -------------------------------------------------------------------------------------------
+# -- kombu: messages ------------------------------------------------------------------------------------
 
 
 class _Channel:
@@ -171,7 +176,7 @@ class _Channel:
         self.acks.append(delivery_tag)
 
 
-def test_messages_marked_acked_are_never_acked_again() -> None:
+def test_kombu_messages_marked_acked_are_never_acked_again() -> None:
     with seam("messages", "kombu", "Message._state ('ACK', read by Message.acknowledged)"):
         acked = Message(body=b"{}", delivery_tag="t1", channel=_Channel())
         acked.ack()
@@ -185,15 +190,15 @@ def test_messages_marked_acked_are_never_acked_again() -> None:
         assert _Channel.acks == ["t1"]
 
 
-# -- events ---------------------------------------------------------------------------------------------
+# -- kombu: serializers; celery: task events ------------------------------------------------------------
 
 
-def test_events_bulk_task_events_written_by_our_encoder() -> None:
+def test_kombu_serializer_and_celery_task_events_in_bulk() -> None:
     from kombu.serialization import dumps, loads, registry
 
     from worker.runtime.outbox import EVENT_SERIALIZER  # registers it
 
-    with seam("events", "kombu", "serialization registry.type_to_name"):
+    with seam("serializers", "kombu", "serialization registry.type_to_name"):
         content_type, encoding, data = dumps([{"type": "task-received"}], serializer=EVENT_SERIALIZER)
         assert (content_type, encoding) == ("application/json", "utf-8")
         assert registry.type_to_name["application/json"] == "json"  # replies and reads stay kombu's
@@ -202,7 +207,7 @@ def test_events_bulk_task_events_written_by_our_encoder() -> None:
     app = Celery("contract", broker="memory://", set_as_current=False)
     published: list[tuple[int, str, str]] = []
     relies_on = "EventDispatcher.buffer_limit and .serializer read at every send"
-    with seam("events", "celery", relies_on), app.connection_for_write() as connection:
+    with seam("task events", "celery", relies_on), app.connection_for_write() as connection:
         dispatcher = app.events.Dispatcher(connection, enabled=True, buffer_group=["task"])
         dispatcher._publish = lambda events, producer, routing_key, **_: published.append(
             (len(events), routing_key, dispatcher.serializer)  # the list is emptied once sent
@@ -216,7 +221,7 @@ def test_events_bulk_task_events_written_by_our_encoder() -> None:
         dispatcher.close()
 
 
-# -- protocol and tasks ---------------------------------------------------------------------------------
+# -- celery: the task message, publishing plainly -------------------------------------------------------
 
 
 class _Refusing(Task):
@@ -232,7 +237,7 @@ def _celery_message(queue: str, task_id: str, kwargs: dict[str, Any], summary: s
     @app.task(base=_Refusing, name="batchwork.contract", bind=True)
     def contract(self: Task, **_: Any) -> None: ...
 
-    with seam("tasks", "celery", "Task.apply_async called unbound past a subclass's own"):
+    with seam("publishing plainly", "celery", "Task.apply_async called unbound past a subclass's own"):
         publish_plainly(contract, kwargs, task_id=task_id, queue=queue, argsrepr="()", kwargsrepr=summary)
     with app.connection_for_read() as connection:
         raw = connection.default_channel._get(queue)
@@ -240,7 +245,7 @@ def _celery_message(queue: str, task_id: str, kwargs: dict[str, Any], summary: s
     return raw
 
 
-def test_protocol_our_message_is_the_one_celery_writes() -> None:
+def test_celery_task_message_our_message_is_the_one_celery_writes() -> None:
     queue, task_id = f"contract-{uuid.uuid4()}", str(uuid.uuid4())
     kwargs = {"model": "noop", "inputs": ["a", "b"], "offset": 0}
     summary = "{'model': 'noop', 'job_id': 'j'}"
@@ -251,7 +256,9 @@ def test_protocol_our_message_is_the_one_celery_writes() -> None:
         )
     )
     with seam(
-        "protocol", "celery", "message protocol 2 (headers, [args, kwargs, embed]) in kombu's envelope"
+        "the task message",
+        "celery",
+        "message protocol 2 (headers, [args, kwargs, embed]) in kombu's envelope",
     ):
         assert set(ours) == set(celery)
         assert set(ours["headers"]) == set(celery["headers"]), "headers Celery writes changed"
@@ -269,7 +276,7 @@ def test_protocol_our_message_is_the_one_celery_writes() -> None:
         assert body[:2] == [[], kwargs]
 
 
-# -- consumer -------------------------------------------------------------------------------------------
+# -- celery: the consumer -------------------------------------------------------------------------------
 
 _STRATEGY_CALLS: list[tuple[Any, ...]] = []
 
@@ -279,14 +286,16 @@ def _strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Any:
     return lambda *args: None
 
 
-def test_consumer_steps_strategy_and_attributes() -> None:
+def test_celery_consumer_steps_strategy_and_attributes() -> None:
     from celery.utils.imports import symbol_by_name
     from celery.worker.consumer import Consumer
     from celery.worker.consumer.events import Events
     from celery.worker.consumer.tasks import Tasks
 
-    with seam("consumer", "celery", "the consumer's bootsteps by path, Task.Strategy, consumer attributes"):
-        for path in celery_consumer.AFTER_TASKS_AND_EVENTS:
+    with seam(
+        "the consumer", "celery", "the consumer's bootsteps by path, Task.Strategy, consumer attributes"
+    ):
+        for path in AFTER_TASKS_AND_EVENTS:
             assert path in Consumer.Blueprint.default_steps
             assert symbol_by_name(path) in (Events, Tasks)
         app = Celery("contract", broker="memory://", set_as_current=False)
@@ -307,7 +316,7 @@ def test_consumer_steps_strategy_and_attributes() -> None:
         assert "self.hub = hub" in source(Consumer.__init__)
 
 
-# -- results --------------------------------------------------------------------------------------------
+# -- celery: results ------------------------------------------------------------------------------------
 
 
 class _Answers(ReadOnlyBackend):
@@ -317,7 +326,7 @@ class _Answers(ReadOnlyBackend):
         return self.answers.get(task_id, meta(task_id, states.PENDING))
 
 
-def test_results_async_result_reads_task_meta() -> None:
+def test_celery_results_async_result_reads_task_meta() -> None:
     from datetime import UTC, datetime
 
     app = Celery("contract", broker="memory://", set_as_current=False)
@@ -340,15 +349,16 @@ def test_results_async_result_reads_task_meta() -> None:
         assert app.AsyncResult("unknown", backend=backend).state == states.PENDING
 
 
-# -- memory_transport -----------------------------------------------------------------------------------
+# -- kombu: the in-memory transport ---------------------------------------------------------------------
 
 
-def test_memory_transport_a_wait_ends_soon_after_a_stop() -> None:
+def test_kombu_memory_transport_a_wait_ends_soon_after_a_stop() -> None:
     from celery.worker import loops
 
-    with seam("memory_transport", "celery", "synloop's drain_events(timeout=2.0) between stop checks"):
+    relies_on = "synloop's drain_events(timeout=2.0) between stop checks"
+    with seam("the in-memory transport", "celery", relies_on, home="kombu"):
         assert "connection.drain_events(timeout=2.0)" in source(loops.synloop)
-        connection = Connection("memory://", transport="worker.celery_compat.memory_transport:Transport")
+        connection = Connection("memory://", transport="worker.celery_compat.kombu_seams:MemoryTransport")
         try:
             channel = connection.channel()
             channel.basic_consume(f"contract-{uuid.uuid4()}", False, lambda m: None, "contract")

@@ -20,8 +20,13 @@ import orjson
 
 from worker.broker import scripts
 from worker.broker.keys import Keys
-from worker.celery_compat.hub import poll_again_after
-from worker.celery_compat.redis_transport import FanoutPoller, FetchingChannel, FetchingTransport, HeldQoS
+from worker.celery_compat.kombu_seams import (
+    FanoutPoller,
+    FetchingChannel,
+    FetchingTransport,
+    HeldQoS,
+    poll_again_after,
+)
 
 log = logging.getLogger(__name__)
 

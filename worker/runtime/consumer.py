@@ -17,7 +17,7 @@ from celery.exceptions import WorkerShutdown
 from worker.batching.policy import PRIORITIES
 from worker.broker.census import MessageCensus
 from worker.broker.keys import Keys
-from worker.celery_compat import consumer as celery_consumer
+from worker.celery_compat import celery_seams
 from worker.runtime import metrics
 from worker.runtime.deliveries import Message
 from worker.runtime.engine import Engine
@@ -67,7 +67,7 @@ class BatchingStep(bootsteps.StartStopStep):
 
     # After the task consumer exists (its channel fetches and acks) and the event dispatcher too. Messages
     # reach the engine only once the event loop runs, after every step has started.
-    requires = celery_consumer.AFTER_TASKS_AND_EVENTS
+    requires = celery_seams.AFTER_TASKS_AND_EVENTS
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         consumer.batchwork_engine = None
@@ -78,9 +78,9 @@ class BatchingStep(bootsteps.StartStopStep):
         self.epoch = None if self.redis is None else BrokerEpoch(self.redis, Keys.of(self.settings).epoch)
 
     def start(self, consumer: Any) -> None:
-        channel = celery_consumer.task_channel(consumer)
+        channel = celery_seams.task_channel(consumer)
         self.outbox.attach(
-            celery_consumer.event_loop(consumer), channel, lambda: celery_consumer.event_dispatcher(consumer)
+            celery_seams.event_loop(consumer), channel, lambda: celery_seams.event_dispatcher(consumer)
         )
         engine = consumer.batchwork_engine
         if engine is None:
@@ -182,7 +182,7 @@ class _CurrentChannel:
         self._consumer = consumer
 
     def renew_leases(self, tags: list[str]) -> None:
-        channel = celery_consumer.task_channel(self._consumer)
+        channel = celery_seams.task_channel(self._consumer)
         if hasattr(channel, "renew_leases"):
             channel.renew_leases(tags)
 

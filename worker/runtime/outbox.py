@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from worker.celery_compat.events import register_encoder, send_in_bulk
-from worker.celery_compat.messages import mark_acked
+from worker.celery_compat.celery_seams import send_in_bulk
+from worker.celery_compat.kombu_seams import mark_acked, register_encoder
 from worker.runtime.deliveries import Delivery, Holdings
 
 log = logging.getLogger(__name__)
