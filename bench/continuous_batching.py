@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.batching.sequences import Generation, pages_for
-from worker.models.batched_runs import Request, WallClock, run_continuous, run_static
+from bench.batched_runs import Request, WallClock, run_continuous, run_static
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.causal_lm.model import PAGE_TOKENS, CausalLM
 from worker.models.gpt2 import GPT2
@@ -58,7 +58,7 @@ class ModelShape:
         )
 
 
-# A request with its arrival time, as the drivers of worker.models.batched_runs take it. A type only: build
+# A request with its arrival time, as the drivers of bench.batched_runs take it. A type only: build
 # one with Request(...), since a frozen slotted dataclass cannot be called through its subscripted alias.
 Arrival = Request[Prompt]
 
@@ -265,7 +265,7 @@ def steady(prompts: Sequence[Prompt], interval_s: float) -> list[Arrival]:
     return [Request(i, prompt, prompt.kv_tokens, i * interval_s) for i, prompt in enumerate(prompts)]
 
 
-# -- the policies: worker.models.batched_runs's two drivers, recorded ------------------------------
+# -- the policies: bench.batched_runs's two drivers, recorded ------------------------------
 
 
 def measure_continuous(engine: CausalLM, arrivals: Sequence[Arrival]) -> Run:

@@ -22,7 +22,7 @@ from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos, with_pytorch_b
 from worker.batching.sequences import Generation
 from worker.errors import InvalidInput
 from worker.models.base import Finished
-from worker.models.batched_runs import Request, run_continuous, run_static
+from bench.batched_runs import Request, run_continuous, run_static
 from worker.models.causal_lm import CausalLM
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.device import resolve_device
