@@ -74,7 +74,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--flood-factor", type=float, default=1.5, help="high items offered / high capacity")
     g.add_argument("--trickle-every-s", type=float, default=0.5, help="one small bulk job this often")
     g.add_argument("--trickle-items", type=int, default=8)
-    g.add_argument("--diagnose", action=argparse.BooleanOptionalAction, default=None, help="aging-off run")
     args = p.parse_args(argv)
     quick = args.quick
     defaults = {
@@ -82,7 +81,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "stream_s": 6.0 if quick else 30.0,
         "alone_s": 3.0 if quick else 8.0,
         "flood_s": 4.0 if quick else 10.0,
-        "diagnose": not quick,
     }
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -176,6 +174,8 @@ def items_per_s(formed: Formed, sampled: list[Batch], seconds: float) -> float:
 
 
 def minilm_section(args: argparse.Namespace) -> None:
+    import torch
+
     from worker.models.minilm import MiniLM
     from worker.settings import Settings
 
@@ -196,19 +196,16 @@ def minilm_section(args: argparse.Namespace) -> None:
     print(
         f"timing: evenly spaced batches of each list, about {args.timed_tokens} padded tokens, a/b batches "
         f"alternated; items/s = items / (measured s per padded token x all padded tokens); "
-        f"torch threads {_torch_threads()}"
+        f"torch threads {torch.get_num_threads()}"
     )
     model.forward(payloads[:16])  # warm-up
     rows, summary = [], []
+    tps = args.clock_tokens_per_s
     for position, budget in enumerate(args.budgets):
         a, b = (
-            Formed(
-                name,
-                budget,
-                form_batches(lengths, payloads, _policy(args, budget, edges), args.clock_tokens_per_s),
-            )
+            Formed(name, budget, form_batches(lengths, payloads, _policy(args, budget, edges), tps))
             for name, edges in (("bucketed", args.bucket_edges), ("unbucketed", ()))
-        )
+        )  # fmt: skip
         rounds = args.rounds if position == 0 else 1
         rates: dict[str, list[float]] = {a.name: [], b.name: []}
         timed = {a.name: 0, b.name: 0}
@@ -226,18 +223,8 @@ def minilm_section(args: argparse.Namespace) -> None:
         summary.append(
             (budget, pct(a.padding), "yes" if a.padding <= 0.10 else "NO", h.ratio(ra, rb), per_round)
         )
-    h.print_table(
-        [
-            "policy",
-            "max_batch_tokens",
-            "batches",
-            "mean size",
-            "padded %",
-            "timed batches",
-            "items/s (median)",
-        ],
-        rows,
-    )
+    headers = ["policy", "max_batch_tokens", "batches", "mean size", "padded %", "timed batches"]
+    h.print_table([*headers, "items/s (median)"], rows)
     print()
     h.print_table(
         ["max_batch_tokens", "bucketed padding", "<= 10 %", "items/s bucketed/unbucketed", "per round"],
@@ -281,29 +268,21 @@ def _sorted_padding(lengths: Sequence[int], n: int, budget: int) -> tuple[float,
 
 def _policy(args: argparse.Namespace, budget: int, edges: tuple[int, ...]) -> LanePolicy:
     return LanePolicy(
-        max_batch_size=args.max_batch_size,
-        max_wait_s=args.max_wait_ms / 1000,
-        max_batch_tokens=budget,
-        bucket_edges=edges,
+        args.max_batch_size, args.max_wait_ms / 1000, max_batch_tokens=budget, bucket_edges=edges
     )
 
 
 def _formed_row(formed: Formed, rates: list[float], timed: int) -> list[object]:
+    size = formed.items / len(formed.batches)
     return [
         formed.name,
         formed.budget,
         len(formed.batches),
-        formed.items / len(formed.batches),
+        size,
         pct(formed.padding),
         timed,
         statistics.median(rates),
     ]
-
-
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 # -- figure 2: priority lanes --------------------------------------------------------------------------
@@ -325,9 +304,6 @@ def lanes_section(args: argparse.Namespace) -> None:
     with stack() as st:
         runs = [stream_run(st, args, "lanes (high)", "high", None)]
         runs.append(stream_run(st, args, "FIFO (as bulk)", "bulk", None))
-        if args.diagnose:
-            off = {"max_delay_ms": 1e7}
-            runs.append(stream_run(st, args, "lanes, bulk aging off", "high", off))
         _print_stream_runs(runs, high.max_wait_s * 1000, kn, bulk.max_delay_s)
         flood = flood_run(st, args)
         _print_flood(flood, args, kn)
