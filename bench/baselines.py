@@ -1,4 +1,4 @@
-"""Two plain-Celery baselines for bench.pipeline_single_calls, on the same Redis and PostgreSQL as batchwork.
+"""Two plain-Celery baselines for bench.pipeline (figure 2), on the same Redis and PostgreSQL as batchwork.
 
 ``bench.plain_store`` is Celery as one usually writes it: one task per item that stores its one result
 row (one INSERT, one transaction). ``bench.batches_store`` is a celery-batches task whose batch function
