@@ -70,8 +70,9 @@ class Stack:
 @contextmanager
 def stack() -> Iterator[Stack]:
     """A redis-server and a migrated PostgreSQL of this run's own; workers started meanwhile stop with it."""
-    if "worker.settings" in sys.modules:
-        raise RuntimeError("worker modules were imported before the bench set BATCHWORK_* (read once)")
+    settings = sys.modules.get("worker.settings")
+    if settings is not None and settings.get_settings.cache_info().currsize:
+        raise RuntimeError("worker settings were read before the bench set BATCHWORK_* (they are read once)")
     signal.signal(signal.SIGTERM, _interrupt)
     with RedisServer() as redis_server, PostgresServer() as postgres:
         broker_url = f"{redis_server.url}/0"
