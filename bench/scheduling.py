@@ -472,8 +472,6 @@ def stack() -> Iterator[Stack]:
             yield Stack(found, store)
         finally:
             store.close()
-            if "worker.tasks" in sys.modules:
-                sys.modules["worker.tasks"].job_store(found.database_url).close()
 
 
 # -- knobs -----------------------------------------------------------------------------------------
@@ -556,7 +554,8 @@ def wait_finished(st: Stack, job_ids: Sequence[str], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     pending = list(job_ids)
     while pending and time.monotonic() < deadline:
-        pending = [j for j in pending if st.store.status(j).finished_at is None]
+        # A job from infer.delay has no SQL row until a worker stores its first outcome: None is pending.
+        pending = [j for j in pending if getattr(st.store.status(j), "finished_at", None) is None]
         time.sleep(0.1)
 
 
