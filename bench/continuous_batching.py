@@ -17,9 +17,7 @@ import json
 import math
 import os
 import random
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.batched_runs import Request, WallClock, run_continuous, run_static
+from bench.harness import cached_checkpoint
 from worker.batching.sequences import Generation, pages_for
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.causal_lm.model import PAGE_TOKENS, CausalLM
@@ -169,17 +168,7 @@ class FixedShape(Recorded):
 def checkpoint_for(shape: ModelShape, seed: int) -> Path:
     """A GPT-2-format checkpoint of ``shape`` in the temp dir, built once per shape and seed."""
     name = f"batchwork-bench-gpt2-{shape.layers}x{shape.heads}x{shape.width}x{shape.positions}"
-    directory = Path(tempfile.gettempdir()) / f"{name}-v{shape.vocab}-s{seed}"
-    if (directory / "model.safetensors").is_file():
-        return directory
-    # Built aside and renamed, so a run stopped half way never leaves a checkpoint that looks whole.
-    building = Path(tempfile.mkdtemp(prefix=f"{name}-building-"))
-    build_checkpoint(building, shape, seed)
-    try:
-        building.rename(directory)
-    except OSError:  # another run got there first
-        shutil.rmtree(building, ignore_errors=True)
-    return directory
+    return cached_checkpoint(f"{name}-v{shape.vocab}-s{seed}", lambda d: build_checkpoint(d, shape, seed))
 
 
 def build_checkpoint(directory: Path, shape: ModelShape, seed: int) -> None:

@@ -12,10 +12,12 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -311,6 +313,24 @@ def batch_stats(found: Stack) -> tuple[int, float, float, float]:
     with found.db.connect() as conn:
         count, size, run_ms, padding = conn.execute(query).one()
     return count, float(size or 0), float(run_ms or 0), float(padding or float("nan"))
+
+
+# -- checkpoints -----------------------------------------------------------------------------------------
+
+
+def cached_checkpoint(name: str, build: Callable[[Path], None]) -> Path:
+    """A random-weight checkpoint in the temp dir, built once by ``build(directory)`` and reused by later
+    runs; built aside and renamed, so a run stopped half way never leaves one that looks whole."""
+    directory = Path(tempfile.gettempdir()) / name
+    if (directory / "model.safetensors").is_file():
+        return directory
+    building = Path(tempfile.mkdtemp(prefix=f"{name}-building-"))
+    build(building)
+    try:
+        building.rename(directory)
+    except OSError:  # another run got there first
+        shutil.rmtree(building, ignore_errors=True)
+    return directory
 
 
 # -- inputs and tables ---------------------------------------------------------------------------------
