@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench import harness as h
 from bench.batched_runs import Request, WallClock, run_continuous, run_static
 from bench.harness import cached_checkpoint
 from worker.batching.sequences import Generation, pages_for
@@ -413,38 +414,23 @@ def print_step_costs(costs: Sequence[StepCost]) -> None:
         f"{SHORT_PROMPT_TOKENS}-token prompt (short), a {LONG_PROMPT_TOKENS}-token one (long), or one long "
         f"among short ones (mixed); prefill: the batch's short prompts together"
     )
-    header = ["batch", "short", "ms/token", "vs batch 1", "long", "mixed", "prefill"]
-    print("".join(f"{h:>11}" for h in header))
-    for cost in costs:
-        cells = [
-            cost.batch,
-            f"{cost.short_s * 1e3:.2f}",
-            f"{cost.short_s * 1e3 / cost.batch:.2f}",
-            f"{cost.short_s / costs[0].short_s:.2f}x",
-            f"{cost.long_s * 1e3:.2f}",
-            f"{cost.mixed_s * 1e3:.2f}" if cost.batch > 1 else "-",
-            f"{cost.prefill_s * 1e3:.1f}",
-        ]
-        print("".join(f"{c!s:>11}" for c in cells))
+    h.print_table(
+        ["batch", "short", "ms/token", "vs batch 1", "long", "mixed", "prefill"],
+        [[c.batch, f"{c.short_s * 1e3:.2f}", f"{c.short_s * 1e3 / c.batch:.2f}",
+          f"{c.short_s / costs[0].short_s:.2f}x", f"{c.long_s * 1e3:.2f}",
+          f"{c.mixed_s * 1e3:.2f}" if c.batch > 1 else "-", f"{c.prefill_s * 1e3:.1f}"] for c in costs],
+    )  # fmt: skip
 
 
 def print_runs(runs: Sequence[Run], arrivals: Sequence[Arrival]) -> None:
-    header = ["policy", "tokens/s", "makespan s", "p50 lat s", "p99 lat s", "steps", "batch", "step ms"]
-    widths = [14, 10, 12, 11, 11, 7, 7, 9]
-    print("\n" + "".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
-    for run in runs:
-        latencies = run.latencies_s(arrivals)
-        cells = [
-            run.policy,
-            f"{run.tokens_per_s():.0f}",
-            f"{run.makespan_s():.2f}",
-            f"{percentile(latencies, 50):.2f}",
-            f"{percentile(latencies, 99):.2f}",
-            len(run.step_s),
-            f"{statistics.fmean(run.step_batches):.1f}",
-            f"{statistics.fmean(run.step_s) * 1e3:.2f}",
-        ]
-        print("".join(f"{c!s:>{w}}" for c, w in zip(cells, widths, strict=True)))
+    print()
+    h.print_table(
+        ["policy", "tokens/s", "makespan s", "p50 lat s", "p99 lat s", "steps", "batch", "step ms"],
+        [[run.policy, f"{run.tokens_per_s():.0f}", f"{run.makespan_s():.2f}",
+          *(f"{percentile(run.latencies_s(arrivals), q):.2f}" for q in (50, 99)), len(run.step_s),
+          f"{statistics.fmean(run.step_batches):.1f}", f"{statistics.fmean(run.step_s) * 1e3:.2f}"]
+         for run in runs],
+    )  # fmt: skip
     print("(batch: mean running sequences per step; step ms: mean wall time of one engine.advance())")
 
 
@@ -564,13 +550,12 @@ def print_networks(
         f"{SHORT_PROMPT_TOKENS}-token prompts (short), {LONG_PROMPT_TOKENS}-token ones (long); prefill: the "
         "batch's short prompts, one sequence a forward"
     )
-    header = ["network", "batch", "short", "long", "mixed", "prefill"]
-    print("".join(f"{h:>14}" for h in header))
-    for name, figures in costs.items():
-        for cost in figures:
-            cells = [name, cost.batch, f"{cost.short_s * 1e3:.2f}", f"{cost.long_s * 1e3:.2f}"]
-            cells += [f"{cost.mixed_s * 1e3:.2f}" if cost.batch > 1 else "-", f"{cost.prefill_s * 1e3:.1f}"]
-            print("".join(f"{c!s:>14}" for c in cells))
+    h.print_table(
+        ["network", "batch", "short", "long", "mixed", "prefill"],
+        [[name, c.batch, f"{c.short_s * 1e3:.2f}", f"{c.long_s * 1e3:.2f}",
+          f"{c.mixed_s * 1e3:.2f}" if c.batch > 1 else "-", f"{c.prefill_s * 1e3:.1f}"]
+         for name, figures in costs.items() for c in figures],
+    )  # fmt: skip
     for mine, theirs in zip(costs[ours], costs[generic], strict=True):
         ratios = {
             "short": theirs.short_s / mine.short_s,
