@@ -31,7 +31,8 @@ async def find_key(request: Request, key: str | None) -> ApiKey | None:
     """The live key ``key`` is, read from the store on every request.
 
     Not cached: a cache would let a revoked key through until it expired (it was 2 s). The read is one
-    indexed query on an autocommit connection; bench/key_lookup.py prints its cost beside a status poll's.
+    indexed query on an autocommit connection; `python -m bench.api --auth 1,16` prints its cost beside a
+    status poll's.
     """
     if not key:
         return None

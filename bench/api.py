@@ -14,41 +14,33 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import re
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import httpx
 import orjson
 
-from bench import processes
-from bench.processes import WorkerProcess, python_module
-from bench.services import postgres_schema, redis_database
+from bench import harness as h
 
-UVICORN_READY = re.compile(r"Uvicorn running on")
 MODEL = "noop"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--items", type=int, default=100_000, help="items in the submitted job")
-    parser.add_argument("--repeats", type=int, default=3, help="submits of each kind, alternating")
-    parser.add_argument("--pollers", type=int, default=50, help="concurrent GET /v1/jobs/{id} loops")
-    parser.add_argument("--polls", type=int, default=40, help="requests per poller")
-    parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--redis-url", help="an existing Redis (default: a redis-server of the bench's own)")
-    parser.add_argument("--redis-db", type=int, default=13)
-    parser.add_argument(
-        "--postgres-url", help="an existing PostgreSQL (default: a server of the bench's own)"
-    )
-    return parser.parse_args(argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--items", type=int, default=100_000, help="items in the submitted job")
+    p.add_argument("--repeats", type=int, default=3, help="submits of each kind, alternating")
+    p.add_argument("--pollers", type=int, default=50, help="concurrent GET /v1/jobs/{id} loops")
+    p.add_argument("--polls", type=int, default=None, help="requests per poller (40; 300 with --auth)")
+    p.add_argument("--port", type=int, default=8765, help="--auth: lookup on PORT, no lookup on PORT+1")
+    p.add_argument("--auth", default="", metavar="POLLERS", help="instead: the key lookup's cost (e.g. 1,16)")
+    p.add_argument("--rounds", type=int, default=3, help="--auth: rounds, alternating")
+    p.add_argument("--serve", choices=("lookup", "no-lookup"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.polls = args.polls or (300 if args.auth else 40)
+    return args
 
 
 def items(count: int) -> list[dict[str, str]]:
@@ -57,51 +49,31 @@ def items(count: int) -> list[dict[str, str]]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    with (
-        redis_database(args.redis_url, args.redis_db, "bench-api") as (broker, broker_url),
-        postgres_schema(args.postgres_url, "bench") as (_admin, _schema, database_url),
-    ):
-        _point_settings_at(broker_url, database_url)
-        from worker.store.schema import migrate
+    if args.serve:
+        serve(args.serve, args.port)
+        return
+    h.header("bench.api", args)
+    with h.stack() as found:
+        from worker.client import Client
+        from worker.store.keys import KeyStore
 
-        migrate(database_url)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
+        key = KeyStore(Client().store.engine).create("bench")[1]
+        if args.auth:
+            auth_section(args, found, key)
+            return
         # Room for every submit of the run; the bench measures speed, not the limits.
-        env.update(BATCHWORK_BROKER_URL=broker_url, BATCHWORK_DATABASE_URL=database_url, PYTHONUNBUFFERED="1")
-        env.update(BATCHWORK_API_MAX_TENANT_ITEMS=str(args.items * (args.repeats + 1)))
-        env.update(BATCHWORK_API_MAX_QUEUE_DEPTH=str(10**6))
-        api = WorkerProcess(
-            python_module("worker.cli", "api", "--port", str(args.port)), env, "api", UVICORN_READY
-        )
-        try:
-            api.wait_ready()
-            key = _key(database_url)
-            job_id = submit_section(args, f"http://127.0.0.1:{args.port}", key, api)
-            poll_section(args, args.port, key, job_id)
-            _print_problems(api)
-        finally:
-            processes.stop_all()
-            broker.flushdb()
-            sys.modules["worker.store.results"].ResultStore.for_url(database_url).close()
+        limits = {
+            "api_max_tenant_items": str(args.items * (args.repeats + 1)),
+            "api_max_queue_depth": "1000000",
+        }
+        api = h.api(found, args.port, **limits)
+        api.wait_ready()
+        job_id = submit_section(args, f"http://127.0.0.1:{args.port}", key, api)
+        poll_section(args, args.port, key, job_id)
+        h.print_problems([api])
 
 
-def _point_settings_at(broker_url: str, database_url: str) -> None:
-    """This process's settings (read once, at the first worker import) name the bench's services."""
-    if "worker.settings" in sys.modules:
-        raise RuntimeError("worker modules were imported before the bench set BATCHWORK_*")
-    for name in [k for k in os.environ if k.startswith("BATCHWORK_")]:
-        del os.environ[name]
-    os.environ.update(BATCHWORK_BROKER_URL=broker_url, BATCHWORK_DATABASE_URL=database_url)
-
-
-def _key(database_url: str) -> str:
-    from worker.store.keys import KeyStore
-    from worker.store.results import ResultStore
-
-    return KeyStore(ResultStore.for_url(database_url).engine).create("bench")[1]
-
-
-def submit_section(args: argparse.Namespace, url: str, key: str, api: WorkerProcess) -> str:
+def submit_section(args: argparse.Namespace, url: str, key: str, api: h.Proc) -> str:
     from worker.client import Client
 
     inputs = items(args.items)
@@ -120,7 +92,7 @@ def submit_section(args: argparse.Namespace, url: str, key: str, api: WorkerProc
         client.submit(MODEL, inputs)
         seconds[client_path].append(time.perf_counter() - started)
         cpu[client_path].append(time.process_time() - cpu_before)
-        started, cpu_before = time.perf_counter(), processes.group_cpu_s(api.pid)
+        started, cpu_before = time.perf_counter(), h.group_cpu_s(api.pid)
         answer = http.post(
             "/v1/jobs",
             params={"model": MODEL},
@@ -128,7 +100,7 @@ def submit_section(args: argparse.Namespace, url: str, key: str, api: WorkerProc
             headers={"Content-Type": "application/x-ndjson"},
         )
         seconds[api_path].append(time.perf_counter() - started)
-        cpu[api_path].append(processes.group_cpu_s(api.pid) - cpu_before)
+        cpu[api_path].append(h.group_cpu_s(api.pid) - cpu_before)
         if answer.status_code != 202:
             raise RuntimeError(f"the API refused the submit: {answer.status_code} {answer.text}")
         job_id = answer.json()["id"]
@@ -143,7 +115,7 @@ def submit_section(args: argparse.Namespace, url: str, key: str, api: WorkerProc
         )
         for name, values in seconds.items()
     ]
-    print_table(("path", "seconds per run", "items/s (median)", "CPU s per run"), rows)
+    h.print_table(("path", "seconds per run", "items/s (median)", "CPU s per run"), rows)
     api_rate, client_rate = rates[api_path], rates[client_path]
     print(f"API / client.submit: {api_rate / client_rate:.2f}x (target >= 1.0x)")
     print(f"load average: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
@@ -157,13 +129,13 @@ def poll_section(args: argparse.Namespace, port: int, key: str, job_id: str) -> 
     rows = [
         (
             len(latencies),
-            f"{_percentile(latencies, 50) * 1000:.1f}",
-            f"{_percentile(latencies, 99) * 1000:.1f}",
+            f"{h.percentile(latencies, 50) * 1000:.1f}",
+            f"{h.percentile(latencies, 99) * 1000:.1f}",
             f"{latencies[-1] * 1000:.1f}",
             f"{len(latencies) / wall:,.0f}",
         )
     ]
-    print_table(("requests", "p50 ms", "p99 ms", "max ms", "requests/s"), rows)
+    h.print_table(("requests", "p50 ms", "p99 ms", "max ms", "requests/s"), rows)
 
 
 def _poll(port: int, key: str, job_id: str, pollers: int, polls: int) -> tuple[list[float], float]:
@@ -199,22 +171,66 @@ def _poll(port: int, key: str, job_id: str, pollers: int, polls: int) -> tuple[l
     return [latency for result in results for latency in result], wall
 
 
-def _percentile(ordered: list[float], percent: float) -> float:
-    return ordered[min(len(ordered) - 1, round(percent / 100 * (len(ordered) - 1)))]
+def serve(variant: str, port: int) -> None:
+    """One API process (the bench starts two): as shipped, or with the key found without the store."""
+    import uvicorn
+
+    from api.app import create_app
+    from api.auth import caller
+
+    app = create_app()
+    if variant == "no-lookup":
+        from worker.store.keys import ApiKey
+
+        keys = app.state.backend.keys.all()
+
+        def remembered() -> ApiKey:
+            return keys[0]
+
+        app.dependency_overrides[caller] = remembered
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="info", access_log=False)
+    print("stopped", flush=True)
 
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    cells = [[str(value) for value in row] for row in rows]
-    widths = [max(len(str(header)), *(len(row[i]) for row in cells)) for i, header in enumerate(headers)]
-    print("  ".join(str(header).ljust(width) for header, width in zip(headers, widths, strict=True)))
-    for row in cells:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+def auth_section(args: argparse.Namespace, found: h.Stack, key: str) -> None:
+    """GET /v1/jobs/{id} against two API processes over one database: ``lookup`` as shipped (one indexed read
+    of the key per request) and ``no lookup`` (the key answered from memory, the best any cache could do)."""
+    from worker.client import Client
+    from worker.store.values import JobSpec
 
+    job_id = "00000000-0000-4000-8000-000000000001"
+    Client().store.create_job(JobSpec(job_id, "noop", "normal", 1), tenant="bench")
+    ports = {"lookup": args.port, "no lookup": args.port + 1}
+    env = found.env(api_check_processes="0")
+    for name, port in ports.items():
+        argv = h.python("bench.api", "--serve", name.replace(" ", "-"), "--port", str(port))
+        h.Proc(argv, env, name, h.UVICORN_READY).wait_ready()
 
-def _print_problems(api: WorkerProcess) -> None:
-    problems = [line for line in api.log if "ERROR" in line or "Traceback" in line]
-    if problems:
-        print("\nAPI log problems:\n" + "\n".join(problems[:20]))
+    for pollers in (int(p) for p in args.auth.split(",")):
+        p50s: dict[str, list[float]] = {name: [] for name in ports}
+        p99s: dict[str, list[float]] = {name: [] for name in ports}
+        rates: dict[str, list[float]] = {name: [] for name in ports}
+        for _ in range(args.rounds):
+            for name, port in ports.items():
+                latencies, wall = _poll(port, key, job_id, pollers, args.polls)
+                latencies.sort()
+                p50s[name].append(h.percentile(latencies, 50) * 1000)
+                p99s[name].append(h.percentile(latencies, 99) * 1000)
+                rates[name].append(len(latencies) / wall)
+        print(f"\nGET /v1/jobs/{{id}}: {pollers} pollers x {args.polls} requests, {args.rounds} rounds")
+        rows = [
+            (
+                name,
+                f"{statistics.median(p50s[name]):.2f}",
+                f"{statistics.median(p99s[name]):.2f}",
+                f"{statistics.median(rates[name]):,.0f}",
+            )
+            for name in ports
+        ]
+        h.print_table(("key", "p50 ms", "p99 ms", "requests/s"), rows)
+        ratio = statistics.median(rates["lookup"]) / statistics.median(rates["no lookup"])
+        extra = statistics.median(p50s["lookup"]) - statistics.median(p50s["no lookup"])
+        print(f"lookup / no lookup requests/s: {ratio:.2f}x; p50 +{extra:.2f} ms per request")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""Two plain-Celery baselines for bench.pipeline_single_calls, on the same Redis and PostgreSQL as batchwork.
+"""Two plain-Celery baselines for bench.pipeline (figure 2), on the same Redis and PostgreSQL as batchwork.
 
 ``bench.plain_store`` is Celery as one usually writes it: one task per item that stores its one result
 row (one INSERT, one transaction). ``bench.batches_store`` is a celery-batches task whose batch function
 stores all its results in one bulk INSERT. Both ack late and speak JSON. Worker:
 ``celery -A bench.baselines worker -Q bench.plain`` (or ``-Q bench.batches``), configured through
-BENCH_BROKER_URL, BENCH_DATABASE_URL, BENCH_FLUSH_EVERY and BENCH_FLUSH_INTERVAL_S, read here only.
+BENCH_BROKER_URL, BENCH_DATABASE_URL (both set by bench.harness), BENCH_FLUSH_EVERY and
+BENCH_FLUSH_INTERVAL_S, read here only.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ INSERT_RESULT = postgresql.insert(results).on_conflict_do_nothing(index_elements
 FLUSH_EVERY = int(os.environ.get("BENCH_FLUSH_EVERY", "256"))
 FLUSH_INTERVAL_S = float(os.environ.get("BENCH_FLUSH_INTERVAL_S", "0.05"))
 
-app = Celery("bench_baselines", broker=os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/14"))
+# Set by bench.harness (the bench's own redis-server): never a default that could reach another server.
+app = Celery("bench_baselines", broker=os.environ["BENCH_BROKER_URL"])
 app.conf.update(
     task_serializer="json",
     accept_content=["json"],

@@ -25,22 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness import cached_checkpoint
+
 PROMPT_TOKENS = (5, 200)
 NEW_TOKENS = (8, 256)
 PAGE = 16
 
 
 def checkpoint_for(layers: int, width: int, seed: int) -> Path:
-    directory = Path(tempfile.gettempdir()) / f"batchwork-bench-llama-{layers}x{width}-s{seed}"
-    if (directory / "model.safetensors").is_file():
-        return directory
-    building = Path(tempfile.mkdtemp(prefix=f"{directory.name}-building-"))
-    build_checkpoint(building, layers, width, seed)
-    try:
-        building.rename(directory)
-    except OSError:  # another run got there first
-        shutil.rmtree(building, ignore_errors=True)
-    return directory
+    name = f"batchwork-bench-llama-{layers}x{width}-s{seed}"
+    return cached_checkpoint(name, lambda d: build_checkpoint(d, layers, width, seed))
 
 
 def build_checkpoint(directory: Path, layers: int, width: int, seed: int) -> None:
@@ -131,7 +125,7 @@ def run_engine(
     checkpoint: Path, texts: list[str], new: list[int], budget: int, running: int, args: Any
 ) -> tuple[float, list[list[int]]]:
     """Our engine driven directly (as the worker's engine drives it, no queue): seconds and token ids."""
-    from worker.models.batched_runs import Request, run_continuous
+    from bench.batched_runs import Request, run_continuous
     from worker.models.registry import model_class
     from worker.settings import Settings
 

@@ -1,9 +1,9 @@
 """What the census of messages (lost jobs) costs Redis: one script call per period, its time growing with the
 messages it reads before it has seen every unfinished job.
 
-    python -m bench.census --redis-url redis://127.0.0.1:PORT/0 [--messages 1000,10000,100000]
+    python -m bench.census [--messages 1000,10000,100000]
 
-Needs a Redis database of its own: it FLUSHDBs the one given before and after. For each queue depth it fills
+On a redis-server of its own (tests/support/services.py). For each queue depth it fills
 the normal queue with single-item messages as ``infer.delay`` writes them (each its own job), then times the
 census script (median of 5) in four cases: every unfinished job seen near the queue's oldest end (the 1000
 oldest jobs wanted: the common case, a backlog draining), every message read (one wanted job of that
@@ -20,6 +20,7 @@ import uuid
 
 import redis
 
+from tests.support.services import RedisServer
 from worker.broker.census import MessageCensus
 from worker.broker.keys import Keys
 from worker.broker.producer import Publisher
@@ -48,10 +49,14 @@ def _time_ms(census: MessageCensus, wanted: list[tuple[str, str]], client: redis
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--redis-url", required=True, help="a Redis database this bench may flush")
     parser.add_argument("--messages", default="1000,10000,100000")
     args = parser.parse_args()
-    client = redis.Redis.from_url(args.redis_url)
+    with RedisServer() as server:
+        measure(f"{server.url}/0", [int(n) for n in args.messages.split(",")])
+
+
+def measure(url: str, counts: list[int]) -> None:
+    client = redis.Redis.from_url(url)
     keys = Keys()
     census = MessageCensus(client, keys, grace_s=60)
     print(
@@ -59,16 +64,15 @@ def main() -> None:
         f"{'lost in another queue ms':>25} {'nothing wanted ms':>18}"
     )
     try:
-        for count in (int(n) for n in args.messages.split(",")):
+        for count in counts:
             client.flushdb()
-            ids = _fill(args.redis_url, keys, count)
+            ids = _fill(url, keys, count)
             oldest = _time_ms(census, [(job_id, "normal") for job_id in ids[:1000]], client, keys)
             whole = _time_ms(census, [(str(uuid.uuid4()), "normal")], client, keys)
             other = _time_ms(census, [(str(uuid.uuid4()), "bulk")], client, keys)
             nothing = _time_ms(census, [], client, keys)
             print(f"{count:>8} {oldest:>20.1f} {whole:>20.1f} {other:>25.1f} {nothing:>18.2f}")
     finally:
-        client.flushdb()
         client.close()
 
 

@@ -17,17 +17,17 @@ import json
 import math
 import os
 import random
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench import harness as h
+from bench.batched_runs import Request, WallClock, run_continuous, run_static
+from bench.harness import cached_checkpoint
 from worker.batching.sequences import Generation, pages_for
-from worker.models.batched_runs import Request, WallClock, run_continuous, run_static
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.causal_lm.model import PAGE_TOKENS, CausalLM
 from worker.models.gpt2 import GPT2
@@ -58,16 +58,15 @@ class ModelShape:
         )
 
 
-# A request with its arrival time, as the drivers of worker.models.batched_runs take it. A type only: build
+# A request with its arrival time, as the drivers of bench.batched_runs take it. A type only: build
 # one with Request(...), since a frozen slotted dataclass cannot be called through its subscripted alias.
 Arrival = Request[Prompt]
 
 
 @dataclass
 class Run:
-    """One policy's outcome: per request its admission and finish offsets and tokens; per step its batch,
-    wall time and the cached tokens it read (``kv_read``: each decoding row its own context, unpadded, as
-    the network's decode reads it)."""
+    """One policy's outcome: per request its admission and finish offsets and tokens; per step its batch
+    and wall time."""
 
     policy: str
     admit_s: dict[Hashable, float] = field(default_factory=dict)
@@ -76,7 +75,6 @@ class Run:
     reasons: dict[Hashable, str | None] = field(default_factory=dict)
     step_batches: list[int] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
-    kv_read: int = 0
     preemptions: int = 0
 
     def latencies_s(self, arrivals: Sequence[Arrival]) -> list[float]:
@@ -101,9 +99,6 @@ class Recorded:
         self.max_running = engine.max_running
         self.clock = WallClock()  # the run starts now; the driver is handed this clock
         self._preempted = engine.preemptions
-        # Context tokens of each admitted sequence: prompt only until its prefill step, then + generated.
-        self._joining: dict[Hashable, int] = {}
-        self._decoding: dict[Hashable, int] = {}
 
     def can_admit(self, length: int) -> bool:
         return self.engine.can_admit(length)
@@ -114,25 +109,15 @@ class Recorded:
     def admit(self, key: Hashable, payload: Prompt) -> None:
         self.engine.admit(key, payload)
         self.run.admit_s[key] = self.clock.now_s()
-        self._joining[key] = len(payload.token_ids)
 
     def step(self) -> list[Generation]:
         run = self.run
-        # Context lengths follow from the step count alone since no policy here is ever preempted
-        # (the KV budget holds every slot's worst case; the output prints the preemption count).
-        contexts = list(self._decoding.values())
-        if contexts:
-            # As the network's decode reads them: each row its own context, unpadded.
-            run.kv_read += sum(contexts)
         run.step_batches.append(self.engine.running())
         before = time.monotonic()
         generations = self.engine.advance()
         run.step_s.append(time.monotonic() - before)
         now = self.clock.now_s()
-        self._decoding = {key: tokens + 1 for key, tokens in (self._decoding | self._joining).items()}
-        self._joining = {}
         for generation in generations:
-            self._decoding.pop(generation.key)
             run.finish_s[generation.key] = now
             run.tokens[generation.key] = generation.token_ids
             run.reasons[generation.key] = generation.error or generation.finish_reason
@@ -184,17 +169,7 @@ class FixedShape(Recorded):
 def checkpoint_for(shape: ModelShape, seed: int) -> Path:
     """A GPT-2-format checkpoint of ``shape`` in the temp dir, built once per shape and seed."""
     name = f"batchwork-bench-gpt2-{shape.layers}x{shape.heads}x{shape.width}x{shape.positions}"
-    directory = Path(tempfile.gettempdir()) / f"{name}-v{shape.vocab}-s{seed}"
-    if (directory / "model.safetensors").is_file():
-        return directory
-    # Built aside and renamed, so a run stopped half way never leaves a checkpoint that looks whole.
-    building = Path(tempfile.mkdtemp(prefix=f"{name}-building-"))
-    build_checkpoint(building, shape, seed)
-    try:
-        building.rename(directory)
-    except OSError:  # another run got there first
-        shutil.rmtree(building, ignore_errors=True)
-    return directory
+    return cached_checkpoint(f"{name}-v{shape.vocab}-s{seed}", lambda d: build_checkpoint(d, shape, seed))
 
 
 def build_checkpoint(directory: Path, shape: ModelShape, seed: int) -> None:
@@ -265,7 +240,7 @@ def steady(prompts: Sequence[Prompt], interval_s: float) -> list[Arrival]:
     return [Request(i, prompt, prompt.kv_tokens, i * interval_s) for i, prompt in enumerate(prompts)]
 
 
-# -- the policies: worker.models.batched_runs's two drivers, recorded ------------------------------
+# -- the policies: bench.batched_runs's two drivers, recorded ------------------------------
 
 
 def measure_continuous(engine: CausalLM, arrivals: Sequence[Arrival]) -> Run:
@@ -439,44 +414,24 @@ def print_step_costs(costs: Sequence[StepCost]) -> None:
         f"{SHORT_PROMPT_TOKENS}-token prompt (short), a {LONG_PROMPT_TOKENS}-token one (long), or one long "
         f"among short ones (mixed); prefill: the batch's short prompts together"
     )
-    header = ["batch", "short", "ms/token", "vs batch 1", "long", "mixed", "prefill"]
-    print("".join(f"{h:>11}" for h in header))
-    for cost in costs:
-        cells = [
-            cost.batch,
-            f"{cost.short_s * 1e3:.2f}",
-            f"{cost.short_s * 1e3 / cost.batch:.2f}",
-            f"{cost.short_s / costs[0].short_s:.2f}x",
-            f"{cost.long_s * 1e3:.2f}",
-            f"{cost.mixed_s * 1e3:.2f}" if cost.batch > 1 else "-",
-            f"{cost.prefill_s * 1e3:.1f}",
-        ]
-        print("".join(f"{c!s:>11}" for c in cells))
+    h.print_table(
+        ["batch", "short", "ms/token", "vs batch 1", "long", "mixed", "prefill"],
+        [[c.batch, f"{c.short_s * 1e3:.2f}", f"{c.short_s * 1e3 / c.batch:.2f}",
+          f"{c.short_s / costs[0].short_s:.2f}x", f"{c.long_s * 1e3:.2f}",
+          f"{c.mixed_s * 1e3:.2f}" if c.batch > 1 else "-", f"{c.prefill_s * 1e3:.1f}"] for c in costs],
+    )  # fmt: skip
 
 
 def print_runs(runs: Sequence[Run], arrivals: Sequence[Arrival]) -> None:
-    header = ["policy", "tokens/s", "makespan s", "p50 lat s", "p99 lat s", "steps", "batch", "step ms"]
-    widths = [14, 10, 12, 11, 11, 7, 7, 9, 10]
-    header += ["KV/step"]
-    print("\n" + "".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
-    for run in runs:
-        latencies = run.latencies_s(arrivals)
-        cells = [
-            run.policy,
-            f"{run.tokens_per_s():.0f}",
-            f"{run.makespan_s():.2f}",
-            f"{percentile(latencies, 50):.2f}",
-            f"{percentile(latencies, 99):.2f}",
-            len(run.step_s),
-            f"{statistics.fmean(run.step_batches):.1f}",
-            f"{statistics.fmean(run.step_s) * 1e3:.2f}",
-            f"{run.kv_read / len(run.step_s):.0f}" if run.kv_read else "-",
-        ]
-        print("".join(f"{c!s:>{w}}" for c, w in zip(cells, widths, strict=True)))
-    print(
-        "(batch: mean running sequences per step; step ms: mean wall time of one engine.advance(); KV/step: "
-        "cached tokens a decode step reads, each row its own context)"
-    )
+    print()
+    h.print_table(
+        ["policy", "tokens/s", "makespan s", "p50 lat s", "p99 lat s", "steps", "batch", "step ms"],
+        [[run.policy, f"{run.tokens_per_s():.0f}", f"{run.makespan_s():.2f}",
+          *(f"{percentile(run.latencies_s(arrivals), q):.2f}" for q in (50, 99)), len(run.step_s),
+          f"{statistics.fmean(run.step_batches):.1f}", f"{statistics.fmean(run.step_s) * 1e3:.2f}"]
+         for run in runs],
+    )  # fmt: skip
+    print("(batch: mean running sequences per step; step ms: mean wall time of one engine.advance())")
 
 
 def print_ratios(continuous: Run, statics: Sequence[Run], arrivals: Sequence[Arrival]) -> None:
@@ -515,66 +470,6 @@ def print_agreement(runs: Sequence[Run], arrivals: Sequence[Arrival]) -> None:
 
 def _first_difference(ours: Sequence[int], theirs: Sequence[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), len(ours))
-
-
-def print_why(runs: Sequence[Run], arrivals: Sequence[Arrival], costs: Sequence[StepCost]) -> None:
-    """tokens/s = mean running batch / mean step time: each policy's two factors, and the step costs."""
-    continuous, static = runs[0], runs[1]
-    last_arrival_s = arrivals[-1].arrival_s
-    print("\nwhy (tokens/s = mean batch / mean step time):")
-    for run in (continuous, static):
-        batch, step = statistics.fmean(run.step_batches), statistics.fmean(run.step_s)
-        print(
-            f"  {run.policy:>10}: {batch:4.1f} sequences a step at {step * 1e3:5.2f} ms = "
-            f"{step * 1e3 / batch:.2f} ms/token, reading {run.kv_read / len(run.step_s):.0f} cached tokens "
-            f"a step; engine busy "
-            f"{sum(run.step_s) / run.makespan_s():.0%}, done {run.makespan_s() - last_arrival_s:.2f} s "
-            f"after the last arrival"
-        )
-    batches = statistics.fmean(continuous.step_batches) / statistics.fmean(static.step_batches)
-    steps = statistics.fmean(continuous.step_s) / statistics.fmean(static.step_s)
-    print(
-        f"  per second of engine time continuous generates {batches / steps:.2f}x static's tokens: "
-        f"{batches:.2f}x the running sequences a step, at {steps:.2f}x the step time"
-    )
-    one, full = costs[0], costs[-1]
-    print(
-        f"  slots: a short-context step at batch {full.batch} costs {full.short_s / one.short_s:.1f}x one at "
-        f"batch 1 ({full.short_s * 1e3 / full.batch:.2f} vs {one.short_s * 1e3:.2f} ms/token): filling idle "
-        f"slots, continuous batching's gain, is worth far less on this CPU than on a GPU, where a step costs "
-        f"about the same at batch 1 and 16"
-    )
-    print(
-        f"  cache: at batch {full.batch} a step costs {full.short_s * 1e3:.1f} ms short, "
-        f"{full.long_s * 1e3:.1f} ms long, {full.mixed_s * 1e3:.1f} ms with one long among short: "
-        f"the network's decode reads each row's own cached tokens, unpadded, so attention costs about the "
-        f"cached tokens read; every policy generates the same tokens from the same contexts, so this work "
-        f"is the same for all of them"
-    )
-    print_latency_why(continuous, static, arrivals)
-
-
-def print_latency_why(continuous: Run, static: Run, arrivals: Sequence[Arrival]) -> None:
-    """Latency = queueing (arrival to admission) + running (admission to finish), at p50 and at the tail."""
-    parts = []
-    for run in (continuous, static):
-        by_latency = sorted(arrivals, key=lambda a: run.finish_s[a.key] - a.arrival_s)
-        tail = by_latency[-max(2, len(arrivals) // 50) :]  # the slowest 2%, about what p99 reads
-        parts.append(
-            f"{run.policy} p50 {_split(run, [by_latency[len(by_latency) // 2]])}, slowest {len(tail)} "
-            f"{_split(run, tail)} ({statistics.fmean(a.payload.max_new_tokens for a in tail):.0f} tokens)"
-        )
-    print(f"  latency = queued + running: {'; '.join(parts)}")
-    print(
-        "  a continuous request starts at the next step, a static one waits for the batch in flight; a long "
-        "request's running time is its step count x the step time of whatever shares its steps"
-    )
-
-
-def _split(run: Run, arrivals: Sequence[Arrival]) -> str:
-    queued = statistics.fmean(run.admit_s[a.key] - a.arrival_s for a in arrivals)
-    running = statistics.fmean(run.finish_s[a.key] - run.admit_s[a.key] for a in arrivals)
-    return f"{queued:.2f} + {running:.2f} s"
 
 
 # -- gpt2's network vs the generic path (--networks) -----------------------------------------------
@@ -655,13 +550,12 @@ def print_networks(
         f"{SHORT_PROMPT_TOKENS}-token prompts (short), {LONG_PROMPT_TOKENS}-token ones (long); prefill: the "
         "batch's short prompts, one sequence a forward"
     )
-    header = ["network", "batch", "short", "long", "mixed", "prefill"]
-    print("".join(f"{h:>14}" for h in header))
-    for name, figures in costs.items():
-        for cost in figures:
-            cells = [name, cost.batch, f"{cost.short_s * 1e3:.2f}", f"{cost.long_s * 1e3:.2f}"]
-            cells += [f"{cost.mixed_s * 1e3:.2f}" if cost.batch > 1 else "-", f"{cost.prefill_s * 1e3:.1f}"]
-            print("".join(f"{c!s:>14}" for c in cells))
+    h.print_table(
+        ["network", "batch", "short", "long", "mixed", "prefill"],
+        [[name, c.batch, f"{c.short_s * 1e3:.2f}", f"{c.long_s * 1e3:.2f}",
+          f"{c.mixed_s * 1e3:.2f}" if c.batch > 1 else "-", f"{c.prefill_s * 1e3:.1f}"]
+         for name, figures in costs.items() for c in figures],
+    )  # fmt: skip
     for mine, theirs in zip(costs[ours], costs[generic], strict=True):
         ratios = {
             "short": theirs.short_s / mine.short_s,
@@ -711,9 +605,6 @@ def parse_args() -> argparse.Namespace:
         default=0.8,
         help="offered tokens/s over the measured full-batch mixed decode rate; sets the arrival interval",
     )
-    parser.add_argument(
-        "--sweep", default=None, help="other loads to compare continuous and static at (default 0.5,1.5)"
-    )
     parser.add_argument("--interval-ms", type=float, default=0.0, help="arrival interval (0: from --load)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
@@ -730,10 +621,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--reps", type=int, default=2, help="--networks: runs of the workload per network")
     parser.add_argument("--device", default="cpu", help="--networks: cpu or cuda")
-    args = parser.parse_args()
-    if args.sweep is None:
-        args.sweep = "" if args.quick else "0.5,1.5"
-    return args
+    return parser.parse_args()
 
 
 def interval_for(prompts: Sequence[Prompt], load: float, costs: Sequence[StepCost]) -> float:
@@ -745,32 +633,6 @@ def full_rate(costs: Sequence[StepCost]) -> float:
     """Decode tokens/s of a full batch with one long sequence among short ones: what a continuous batch
     of this workload (8-256 new tokens) looks like most of the time, so load 1 is about its capacity."""
     return costs[-1].batch / costs[-1].mixed_s
-
-
-def print_sweep(
-    engine: CausalLM, prompts: Sequence[Prompt], loads: Sequence[float], costs: Sequence[StepCost]
-) -> None:
-    """Continuous vs static at other arrival rates, to show the ratios are no accident of one Δ."""
-    header = ["load", "Δ ms", "cont tok/s", "static tok/s", "ratio", "cont p99 s", "static p99 s", "ratio"]
-    print("\nother arrival rates, same requests:")
-    print("".join(f"{h:>13}" for h in header))
-    for load in loads:
-        interval = interval_for(prompts, load, costs)
-        arrivals = steady(prompts, interval)
-        cont = measure_continuous(engine, arrivals)
-        stat = measure_static(engine, arrivals, engine.max_running, "static")
-        p99s = [percentile(run.latencies_s(arrivals), 99) for run in (cont, stat)]
-        cells = [
-            f"{load:.2f}",
-            f"{interval * 1e3:.1f}",
-            f"{cont.tokens_per_s():.0f}",
-            f"{stat.tokens_per_s():.0f}",
-            f"{cont.tokens_per_s() / stat.tokens_per_s():.2f}x",
-            f"{p99s[0]:.2f}",
-            f"{p99s[1]:.2f}",
-            f"{p99s[0] / p99s[1]:.2f}x",
-        ]
-        print("".join(f"{c:>13}" for c in cells))
 
 
 def describe_workload(
@@ -838,9 +700,6 @@ def main() -> None:
     print_agreement([*runs, fixed], arrivals)
     same = sum(generate.tokens[a.key] == runs[0].tokens[a.key] for a in arrivals)
     print(f"transformers' generate over left-padded batches gave the same ids for {same}/{len(arrivals)}")
-    print_why(runs, arrivals, costs)
-    if args.sweep:
-        print_sweep(engine, prompts, [float(load) for load in args.sweep.split(",")], costs)
 
 
 if __name__ == "__main__":

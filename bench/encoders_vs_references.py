@@ -1,5 +1,5 @@
 """The embed and classify kinds against their references, as whole processes, on the 1,500-line mixed sample
-of bench/run_vs_encode.py, in rounds (every side once per round, so a drift of the shared machine hits all):
+(bench.harness.corpus), in rounds (every side once per round, so a drift of the shared machine hits all):
 
 - MiniLM: ``batchwork run -m minilm`` (the embed kind over the packaged checkpoint), default settings, vs
   sentence-transformers ``encode(batch_size=32)`` and its ``backend="onnx"`` encode (which needs optimum-onnx
@@ -33,8 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.minilm_batch_curve import corpus
-from bench.services import remove_sqlite
+from bench.harness import corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,7 +101,8 @@ def main() -> None:
 
     def batchwork(model: str, out: str) -> Callable[[], float | str]:
         def side() -> float | str:
-            remove_sqlite(work / "batchwork.db")
+            for name in ("batchwork.db", "batchwork.db-wal", "batchwork.db-shm"):  # a fresh database each run
+                (work / name).unlink(missing_ok=True)
             return timed(
                 [sys.executable, "-m", "worker.cli", "run", str(source), "-m", model, "-o", str(work / out)],
                 env,

@@ -12,25 +12,20 @@ import argparse
 import time
 from collections.abc import Sequence
 
-from bench import processes
-from bench.stack import batchwork_worker, services
+from bench import harness as h
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=20, help="how long to measure the idle worker")
-    parser.add_argument("--redis-url", help="an existing Redis (default: a redis-server of the bench's own)")
-    parser.add_argument("--redis-db", type=int, default=14)
-    parser.add_argument("--postgres-url", help="an existing PostgreSQL (default: its own)")
     args = parser.parse_args(argv)
-    args.worker_setting = []  # what bench.stack.services reads: no extra worker settings
-    with services(args) as found:
-        worker = batchwork_worker(found, "idle")
+    with h.stack() as found:
+        worker = h.worker(found, "idle")
         worker.wait_ready()
         time.sleep(3)  # past its start-up
-        before, started = processes.group_cpu_s(worker.pid), time.monotonic()
+        before, started = h.group_cpu_s(worker.pid), time.monotonic()
         time.sleep(args.seconds)
-        used = processes.group_cpu_s(worker.pid) - before
+        used = h.group_cpu_s(worker.pid) - before
         print(f"idle noop worker: {used / (time.monotonic() - started):.3f} cores over {args.seconds:g} s")
         worker.stop()
 

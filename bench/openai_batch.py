@@ -18,11 +18,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import io
-import os
-import re
-import socket
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -32,35 +28,21 @@ from typing import Any
 
 import orjson
 
-from bench import processes
-from bench.api import print_table
-from bench.processes import WorkerProcess, python_module
-from bench.services import postgres_schema, redis_database
+from bench import harness as h
 
-# `batchwork api` hands uvicorn a socket it bound itself, so uvicorn logs no "running on" line.
-UVICORN_READY = re.compile(r"Application startup complete")
 POLL_S = 0.1
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--items", type=int, default=50_000, help="lines of the noop batch")
-    parser.add_argument(
-        "--minilm-items", type=int, default=50_000, help="lines of the MiniLM batch (0: skip)"
-    )
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each path, alternating")
-    parser.add_argument("--clients", type=int, default=32, help="concurrent POST /v1/embeddings clients")
-    parser.add_argument("--requests", type=int, default=40, help="requests per client")
-    parser.add_argument(
-        "--high-lane-n", type=int, default=32, help="minilm's high-lane N (0: the default, N/8 = 4)"
-    )
-    parser.add_argument("--port", type=int, default=8766)
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379")
-    parser.add_argument("--redis-db", type=int, default=12)
-    parser.add_argument("--postgres-url", default="postgresql+psycopg://root@127.0.0.1:5432/test")
-    return parser.parse_args(argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--items", type=int, default=50_000, help="lines of the noop batch")
+    p.add_argument("--minilm-items", type=int, default=50_000, help="lines of the MiniLM batch (0: skip)")
+    p.add_argument("--repeats", type=int, default=2, help="runs of each path, alternating")
+    p.add_argument("--clients", type=int, default=32, help="concurrent POST /v1/embeddings clients")
+    p.add_argument("--requests", type=int, default=40, help="requests per client")
+    p.add_argument("--high-lane-n", type=int, default=32, help="minilm's high-lane N (0: the default, N/8)")
+    p.add_argument("--port", type=int, default=8766)
+    return p.parse_args(argv)
 
 
 def texts(count: int) -> list[str]:
@@ -69,56 +51,24 @@ def texts(count: int) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    with (
-        redis_database(args.redis_url, args.redis_db, "bench-openai") as (broker, broker_url),
-        postgres_schema(args.postgres_url, "bench") as (_admin, _schema, database_url),
-    ):
-        for name in [k for k in os.environ if k.startswith("BATCHWORK_")]:
-            del os.environ[name]
-        os.environ.update(BATCHWORK_BROKER_URL=broker_url, BATCHWORK_DATABASE_URL=database_url)
-        from worker.store.schema import migrate
-
-        migrate(database_url)
-        env = processes.service_env(broker_url, database_url)
-        env.update(BATCHWORK_API_MAX_QUEUE_DEPTH=str(10**6), BATCHWORK_METRICS_PORT="0")
+    h.header("bench.openai_batch", args)
+    with h.stack() as found:
+        settings: dict[str, object] = {"api_max_queue_depth": str(10**6)}
         if args.high_lane_n:  # an embeddings server's setting: the high lane's batches as large as normal's
-            lanes = {"lanes": {"high": {"max_batch_size": args.high_lane_n}}}
-            env.update(BATCHWORK_BATCHING=orjson.dumps({"minilm": lanes}).decode())
-        worker = WorkerProcess(python_module("worker.cli", "worker", "--loglevel=INFO"), env, "worker")
-        api = WorkerProcess(
-            python_module("worker.cli", "api", "--port", str(args.port)), env, "api", UVICORN_READY
-        )
-        try:
-            worker.wait_ready()
-            api.wait_ready()
-            _wait_listening(args.port)
-            key = _key(database_url)
-            url = f"http://127.0.0.1:{args.port}"
-            print("\n1. an embeddings batch end to end: /v1/files + /v1/batches vs client.submit + results")
-            rows = [batch_section(args, url, key, "noop", args.items)]
-            if args.minilm_items:
-                rows.append(batch_section(args, url, key, "minilm", args.minilm_items))
-            print_table(("model", "lines", "batch s (runs)", "submit s (runs)", "batch / submit speed"), rows)
-            embeddings_section(args, key, database_url)
-            for process in (worker, api):
-                for line in process.problems()[:10]:
-                    print(f"  {process.name}: {line}")
-        finally:
-            processes.stop_all()
-            broker.flushdb()
-            sys.modules["worker.store.results"].ResultStore.for_url(database_url).close()
-
-
-def _wait_listening(port: int, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+            settings["batching"] = {"minilm": {"lanes": {"high": {"max_batch_size": args.high_lane_n}}}}
+        worker = h.worker(found, "worker", **settings)
+        api = h.api(found, args.port, **settings)
+        worker.wait_ready()
+        api.wait_ready()
+        key = _key(found.database_url)
+        url = f"http://127.0.0.1:{args.port}"
+        print("\n1. an embeddings batch end to end: /v1/files + /v1/batches vs client.submit + results")
+        rows = [batch_section(args, url, key, "noop", args.items)]
+        if args.minilm_items:
+            rows.append(batch_section(args, url, key, "minilm", args.minilm_items))
+        h.print_table(("model", "lines", "batch s (runs)", "submit s (runs)", "batch / submit speed"), rows)
+        embeddings_section(args, key, found.database_url)
+        h.print_problems([worker, api], limit=10)
 
 
 def _key(database_url: str) -> str:
@@ -241,14 +191,14 @@ def embeddings_section(args: argparse.Namespace, key: str, database_url: str) ->
     row = (
         len(latencies),
         f"{len(latencies) / wall:,.1f}",
-        f"{_percentile(latencies, 50) * 1000:.0f}",
-        f"{_percentile(latencies, 99) * 1000:.0f}",
+        f"{h.percentile(latencies, 50) * 1000:.0f}",
+        f"{h.percentile(latencies, 99) * 1000:.0f}",
         len(sizes),
         f"{statistics.mean(sizes):.1f}" if sizes else "-",
         max(sizes) if sizes else "-",
     )
     headers_row = ("requests", "requests/s", "p50 ms", "p99 ms", "device batches", "mean batch size", "max")
-    print_table(headers_row, [row])
+    h.print_table(headers_row, [row])
 
 
 def _batch_sizes(database_url: str, since: datetime) -> list[int]:
@@ -263,10 +213,6 @@ def _batch_sizes(database_url: str, since: datetime) -> list[int]:
     )
     with ResultStore.for_url(database_url).engine.connect() as conn:
         return list(conn.scalars(query))
-
-
-def _percentile(ordered: list[float], percent: float) -> float:
-    return ordered[min(len(ordered) - 1, round(percent / 100 * (len(ordered) - 1)))]
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ written by ``worker.jsonl.write_results`` (what the route did before), alternati
 It stores ``--rows`` results of one job (384-float outputs would make it a disk bench: the outputs are
 small objects), then reads them back whole with each way in turn, and prints rows/s and the reading
 process's peak RSS growth (memory must stay flat: pages, never the job). No HTTP: the route only passes the
-chunks on. Needs PostgreSQL at ``--postgres-url``; creates a schema ``bench_<random>`` and drops it.
+chunks on. Starts a PostgreSQL (and a Redis) of its own.
 """
 
 from __future__ import annotations
@@ -19,23 +19,21 @@ import time
 import uuid
 from itertools import islice
 
-from bench.services import postgres_schema
-from bench.stack import print_table
+from bench import harness as h
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--postgres-url", default="postgresql+psycopg://root@127.0.0.1:5432/test")
     args = p.parse_args()
-    with postgres_schema(args.postgres_url, "bench") as (_admin, _schema, url):
+    h.header("bench.results_stream", args)
+    with h.stack() as found:
+        url = found.database_url
         from worker.jsonl import write_results
         from worker.store.results import JobSpec, ResultStore
-        from worker.store.schema import migrate
         from worker.store.values import ItemColumns
 
-        migrate(url)
         store = ResultStore.from_url(url)
         job = JobSpec(str(uuid.uuid4()), "noop", "normal", args.rows)
         store.create_job(job)
@@ -76,7 +74,7 @@ def main() -> None:
                     f"  {name}: {seconds:.2f} s, {size / 1e6:.0f} MB NDJSON, peak RSS +{grown / 1024:.0f} MB"
                 )
         best = {name: max(rate for rate, _ in rows) for name, rows in runs.items()}
-        print_table(
+        h.print_table(
             ["way", "rows/s (best)"],
             [[name, f"{rate:,.0f}"] for name, rate in best.items()],
         )

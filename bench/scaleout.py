@@ -15,14 +15,12 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 
 from sqlalchemy import text
 
-from bench import processes
-from bench.stack import Services, batchwork_worker, print_table, ratio, services, wait_rows
+from bench import harness as h
 
 WORKER_COUNTS = (1, 2, 4)
 
@@ -32,26 +30,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="fewer items (about 2 minutes)")
     p.add_argument("--workers", default="1,2,4", help="worker counts to measure")
     p.add_argument("--producers", type=int, default=4, help="producer processes for the single-item calls")
-    p.add_argument(
-        "--calls", type=int, default=None, help="single-item calls in all (default 4000, quick 2000)"
-    )
+    p.add_argument("--calls", type=int, default=None, help="single-item calls (default 4000, quick 2000)")
     p.add_argument(
         "--submit-items", type=int, default=None, help="one bulk submit (default 12000, quick 6000)"
     )
     p.add_argument("--base-ms", type=float, default=200.0, help="simulated batch cost a in a + b*n")
     p.add_argument("--per-item-ms", type=float, default=4.0, help="simulated batch cost b in a + b*n")
     p.add_argument("--n", type=int, default=64, help="max_batch_size of every worker")
-    p.add_argument("--redis-url", help="an existing Redis (default: a redis-server of the bench's own)")
-    p.add_argument("--redis-db", type=int, default=13, help="flushed before and after")
-    p.add_argument("--postgres-url", help="an existing PostgreSQL (default: a server of the bench's own)")
     p.add_argument("--timeout-s", type=float, default=300, help="give up on one measured phase after this")
-    p.add_argument(
-        "--worker-setting",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="extra BATCHWORK_NAME=VALUE for every worker, e.g. PREFETCH_COUNT=256 (repeatable)",
-    )
+    p.add_argument("--worker-setting", action="append", default=[], metavar="NAME=VALUE",
+                   help="extra BATCHWORK_NAME=VALUE for every worker, e.g. PREFETCH_COUNT=256")  # fmt: skip
     p.add_argument("--no-bulk", action="store_true", help="only the single-item calls")
     p.add_argument("--produce", type=int, default=None, help=argparse.SUPPRESS)  # a producer subprocess
     p.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -81,13 +69,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.produce is not None:
         produce(args.produce, args.start_at)
         return
-    print(f"bench.scaleout {' '.join(sys.argv[1:])}")
+    h.header("bench.scaleout", args)
     print(
         f"simulated model: {args.base_ms:g} ms + {args.per_item_ms:g} ms/item per batch, N={args.n}: one "
         f"worker's ceiling {args.n / (args.base_ms + args.per_item_ms * args.n) * 1000:.0f} items/s"
     )
     print(f"host: {os.cpu_count()} cpus; {args.producers} producer processes, {args.calls} single-item calls")
-    with services(args) as found:
+    with h.stack() as found:
         calls: dict[int, dict[str, float]] = {}
         bulk: dict[int, dict[str, float]] = {}
         for count in args.counts:
@@ -97,45 +85,33 @@ def main(argv: Sequence[str] | None = None) -> None:
         report(args, calls, bulk)
 
 
-def start_workers(args: argparse.Namespace, found: Services, count: int) -> list[processes.WorkerProcess]:
+def start_workers(args: argparse.Namespace, found: h.Stack, count: int) -> list[h.Proc]:
+    knobs = {"simulated": {"max_batch_size": args.n, "max_wait_ms": 20}}
     started = [
-        batchwork_worker(
-            found,
-            f"scale{count}-{i}",
-            simulated_base_ms=args.base_ms,
-            simulated_per_item_ms=args.per_item_ms,
-            batching={"simulated": {"max_batch_size": args.n, "max_wait_ms": 20}},
-        )
+        h.worker(found, f"scale{count}-{i}", extra=args.worker_setting, simulated_base_ms=args.base_ms,
+                 simulated_per_item_ms=args.per_item_ms, batching=knobs)
         for i in range(count)
-    ]
+    ]  # fmt: skip
     for worker in started:
         worker.wait_ready()
     return started
 
 
-def single_item_calls(args: argparse.Namespace, found: Services, count: int) -> dict[str, float]:
+def single_item_calls(args: argparse.Namespace, found: h.Stack, count: int) -> dict[str, float]:
     found.truncate()
     workers = start_workers(args, found, count)
     per_producer = args.calls // args.producers
     total = per_producer * args.producers
     start_at = time.time() + 3.0  # every producer has imported batchwork and connected by then
-    env = found.worker_env()
+    argv = h.python("bench.scaleout", "--produce", str(per_producer), "--start-at", repr(start_at))
     producers = [
-        subprocess.Popen(
-            processes.python_module(
-                "bench.scaleout", "--produce", str(per_producer), "--start-at", repr(start_at)
-            ),
-            cwd=processes.ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        subprocess.Popen(argv, cwd=h.ROOT, env=found.env(), stdout=subprocess.PIPE, text=True)
         for _ in range(args.producers)
     ]
     meters = CpuByService(workers)
     time.sleep(max(0.0, start_at - time.time()))
     with meters:
-        stored = wait_rows(found, "results", total + args.producers, args.timeout_s)
+        stored = h.wait_rows(found, "results", total + args.producers, args.timeout_s)
     sent = [json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1]) for p in producers]
     first_sent = min(s["first"] for s in sent)
     wall = stored.last - first_sent
@@ -154,7 +130,7 @@ def single_item_calls(args: argparse.Namespace, found: Services, count: int) -> 
     }
 
 
-def bulk_submit(args: argparse.Namespace, found: Services, count: int) -> dict[str, float]:
+def bulk_submit(args: argparse.Namespace, found: h.Stack, count: int) -> dict[str, float]:
     from worker.client import submit
 
     found.truncate()
@@ -165,7 +141,7 @@ def bulk_submit(args: argparse.Namespace, found: Services, count: int) -> dict[s
         began = time.time()
         submit("simulated", inputs, priority="bulk")
         submitted = time.time() - began
-        stored = wait_rows(found, "results", len(inputs), args.timeout_s)
+        stored = h.wait_rows(found, "results", len(inputs), args.timeout_s)
     for worker in workers:
         worker.stop()
     wall = stored.last - began
@@ -176,7 +152,7 @@ def bulk_submit(args: argparse.Namespace, found: Services, count: int) -> dict[s
     return {"items/s": len(inputs) / wall, "submit s": submitted}
 
 
-def latency_ms(found: Services, since: float) -> tuple[float, float]:
+def latency_ms(found: h.Stack, since: float) -> tuple[float, float]:
     """p50 and p99 of result write time less job creation time, over the jobs created from ``since``."""
     query = text(
         "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY "
@@ -192,7 +168,7 @@ class CpuByService:
     """CPU cores used while a block runs by the workers, Redis, PostgreSQL, and everything else (producers,
     this bench)."""
 
-    def __init__(self, workers: Sequence[processes.WorkerProcess]) -> None:
+    def __init__(self, workers: Sequence[h.Proc]) -> None:
         self.workers = workers
         self.cores: dict[str, float] = {}
 
@@ -210,10 +186,10 @@ class CpuByService:
 
     def _sample(self) -> dict[str, float]:
         return {
-            "machine": processes.machine_busy_s(),
-            "workers": sum(processes.group_cpu_s(w.pid) for w in self.workers),
-            "redis": processes.named_cpu_s("redis-server"),
-            "postgres": processes.named_cpu_s("postgres"),
+            "machine": h.machine_busy_s(),
+            "workers": sum(h.group_cpu_s(w.pid) for w in self.workers),
+            "redis": h.named_cpu_s("redis-server"),
+            "postgres": h.named_cpu_s("postgres"),
         }
 
 
@@ -222,48 +198,21 @@ def report(
 ) -> None:
     one = args.counts[0]
     print("\n== single-item calls")
-    print_table(
-        [
-            "workers",
-            "items/s",
-            "vs 1 worker",
-            "p50 ms",
-            "p99 ms",
-            "publish items/s",
-            "producer us/call",
-            "CPU workers",
-            "CPU redis",
-            "CPU postgres",
-            "CPU others",
-        ],
-        [
-            [
-                count,
-                f"{c['items/s']:.0f}",
-                ratio(c["items/s"], calls[one]["items/s"]),
-                f"{c['p50 ms']:.0f}",
-                f"{c['p99 ms']:.0f}",
-                f"{c['publish items/s']:.0f}",
-                f"{c['producer CPU us/call']:.0f}",
-                f"{c['cpu workers']:.2f}",
-                f"{c['cpu redis']:.2f}",
-                f"{c['cpu postgres']:.2f}",
-                f"{c['cpu others']:.2f}",
-            ]
-            for count, c in calls.items()
-        ],
-    )
+    columns = ["p50 ms", "p99 ms", "publish items/s", "producer CPU us/call"]
+    cpus = ["cpu workers", "cpu redis", "cpu postgres", "cpu others"]
+    h.print_table(
+        ["workers", "items/s", "vs 1 worker", *columns, *cpus],
+        [[count, f"{c['items/s']:.0f}", h.ratio(c["items/s"], calls[one]["items/s"]),
+          *(f"{c[k]:.0f}" for k in columns), *(f"{c[k]:.2f}" for k in cpus)] for count, c in calls.items()],
+    )  # fmt: skip
     print("  target: 4 workers >= 3.3x one worker")
-    if not bulk:
-        return
-    print("\n== one bulk submit")
-    print_table(
-        ["workers", "items/s", "vs 1 worker", "submit s"],
-        [
-            [count, f"{b['items/s']:.0f}", ratio(b["items/s"], bulk[one]["items/s"]), f"{b['submit s']:.1f}"]
-            for count, b in bulk.items()
-        ],
-    )
+    if bulk:
+        print("\n== one bulk submit")
+        h.print_table(
+            ["workers", "items/s", "vs 1 worker", "submit s"],
+            [[count, f"{b['items/s']:.0f}", h.ratio(b["items/s"], bulk[one]["items/s"]),
+              f"{b['submit s']:.1f}"] for count, b in bulk.items()],
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ from collections.abc import Callable, Hashable
 
 import pytest
 
+from bench.batched_runs import Request, run_continuous, run_static
 from worker.models.base import Finished
-from worker.models.batched_runs import Request, run_continuous, run_static
 
 
 class StepClock:

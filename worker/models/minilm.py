@@ -22,9 +22,9 @@ class MiniLM(Embedder):
 
     name = "minilm"
     checkpoint = _packaged_checkpoint()
-    # N 32 (the kind's default): bench/minilm_batch_curve.py on the 2-core CPU dev box peaked at N=16-32 on
-    # torch, and ONNX Runtime ran sorted batches of 32, 64 and 128 at the same items/s there. Its limit is
-    # 256 tokens, so the buckets stop there: 8 tokens wide keeps padding under 10 % of processed tokens on
-    # mixed-length text (bench/scheduling.py: 7.4 %, against 15.5 % for edges growing by 1.5x).
+    # N 32 (the kind's default): the batch curve (`batchwork tune minilm`) on the 2-core CPU dev box peaked
+    # at N=16-32 on torch, and ONNX Runtime ran sorted batches of 32, 64 and 128 at the same items/s there.
+    # Its limit is 256 tokens, so the buckets stop there: 8 tokens wide keeps padding under 10 % of processed
+    # tokens on mixed-length text (bench/scheduling.py: 7.4 %, against 15.5 % for edges growing by 1.5x).
     bucket_edges = tuple(range(8, 257, 8))
     dimension = 384
