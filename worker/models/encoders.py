@@ -51,7 +51,7 @@ class Encoder(Model):
     """What both kinds share: the checkpoint, tokenization, padding and the backend that runs a batch."""
 
     Options: ClassVar[type[ModelOptions]] = EncoderOptions
-    # As MiniLM (`batchwork tune minilm`, bench/scheduling.py): N 32 on a CPU, length buckets 8 tokens
+    # As MiniLM (`batchwork tune minilm`, see minilm.py): N 32 on a CPU, length buckets 8 tokens
     # wide to 256, then coarser up to the longest limits checkpoints have; `batchwork tune` refines them.
     max_batch_size = 32
     max_wait_ms = 50.0

@@ -25,6 +25,7 @@ class MiniLM(Embedder):
     # N 32 (the kind's default): the batch curve (`batchwork tune minilm`) on the 2-core CPU dev box peaked
     # at N=16-32 on torch, and ONNX Runtime ran sorted batches of 32, 64 and 128 at the same items/s there.
     # Its limit is 256 tokens, so the buckets stop there: 8 tokens wide keeps padding under 10 % of processed
-    # tokens on mixed-length text (bench/scheduling.py: 7.4 %, against 15.5 % for edges growing by 1.5x).
+    # tokens on mixed-length text (7.4 %, against 15.5 % for edges growing by 1.5x: figure 1 of the retired
+    # bench.scheduling, `git show c6a21fe:bench/scheduling.py`).
     bucket_edges = tuple(range(8, 257, 8))
     dimension = 384
