@@ -29,7 +29,7 @@ MODEL = "noop"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = h.arguments(__doc__)
     p.add_argument("--items", type=int, default=100_000, help="items in the submitted job")
     p.add_argument("--repeats", type=int, default=3, help="submits of each kind, alternating")
     p.add_argument("--pollers", type=int, default=50, help="concurrent GET /v1/jobs/{id} loops")

@@ -125,7 +125,7 @@ def run_engine(
     checkpoint: Path, texts: list[str], new: list[int], budget: int, running: int, args: Any
 ) -> tuple[float, list[list[int]]]:
     """Our engine driven directly (as the worker's engine drives it, no queue): seconds and token ids."""
-    from bench.batched_runs import Request, run_continuous
+    from tests.support.batched_runs import Request, run_continuous
     from worker.models.registry import model_class
     from worker.settings import Settings
 

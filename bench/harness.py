@@ -7,6 +7,7 @@ pointed this process's BATCHWORK_* settings at those servers (settings are read 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -14,7 +15,6 @@ import random
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -190,24 +190,33 @@ def print_problems(procs: Sequence[Proc], limit: int = 20) -> None:
 
 
 class CpuMeter:
-    """CPU used while a block runs, in cores: by this process, by the given process groups, and by everyone
-    else (the whole machine less those two: PostgreSQL, Redis, and on a shared box the noise)."""
+    """CPU used while a block runs, in cores: by this process (bench), by the given process groups
+    (workers), by everyone else (others: the whole machine less those two, so PostgreSQL, Redis and on a
+    shared box the noise), and of those others by redis-server, postgres and the rest."""
 
     def __init__(self, *procs: Proc) -> None:
         self.procs, self.cores, self.seconds = procs, dict[str, float](), dict[str, float]()
 
+    def _sample(self) -> dict[str, float]:
+        return {
+            "bench": time.process_time(),
+            "workers": sum(group_cpu_s(p.pid) for p in self.procs),
+            "machine": machine_busy_s(),
+            "redis": named_cpu_s("redis-server"),
+            "postgres": named_cpu_s("postgres"),
+        }
+
     def __enter__(self) -> CpuMeter:
-        self._wall, self._own, self._machine = time.monotonic(), time.process_time(), machine_busy_s()
-        self._groups = sum(group_cpu_s(p.pid) for p in self.procs)
+        self._wall, self._before = time.monotonic(), self._sample()
         return self
 
     def __exit__(self, *exc: object) -> None:
         wall = time.monotonic() - self._wall
-        own = time.process_time() - self._own
-        groups = sum(group_cpu_s(p.pid) for p in self.procs) - self._groups
-        machine = machine_busy_s() - self._machine
-        self.seconds = {"bench": own, "workers": groups, "others": machine - own - groups}
-        self.cores = {key: value / wall for key, value in self.seconds.items()}
+        used = {key: value - self._before[key] for key, value in self._sample().items()}
+        used["others"] = used.pop("machine") - used["bench"] - used["workers"]
+        used["rest"] = used["others"] - used["redis"] - used["postgres"]
+        self.seconds = used
+        self.cores = {key: value / wall for key, value in used.items()}
 
 
 def machine_busy_s() -> float:
@@ -238,6 +247,30 @@ def _cpu_s(counts: Callable[[str, list[str]], bool]) -> float:
         if counts(name, fields):
             total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def arguments(
+    doc: str | None,
+    *,
+    quick: str = "",
+    seed: int | None = None,
+    services: bool = False,
+    timeout_s: float = 300,
+) -> argparse.ArgumentParser:
+    """The flags every bench spells the same way: ``--quick`` (its help says what shrinks), ``--seed``, and
+    for a bench with servers ``--timeout-s`` and ``--worker-setting``; the module's docstring is the help."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if quick:
+        p.add_argument("--quick", action="store_true", help=quick)
+    if seed is not None:
+        p.add_argument("--seed", type=int, default=seed)
+    if services:
+        p.add_argument(
+            "--timeout-s", type=float, default=timeout_s, help="give up on one measured phase after this"
+        )
+        p.add_argument("--worker-setting", action="append", default=[], metavar="NAME=VALUE",
+                       help="extra BATCHWORK_NAME=VALUE for every batchwork worker (repeatable)")  # fmt: skip
+    return p
 
 
 def header(name: str, args: object) -> None:
@@ -368,10 +401,6 @@ def corpus(size: int, seed: int, min_words: int = 5, max_words: int = 40) -> lis
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else float("nan")
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 def ratio(a: float, b: float) -> str:

@@ -34,7 +34,7 @@ POLL_S = 0.1
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = h.arguments(__doc__)
     p.add_argument("--items", type=int, default=50_000, help="lines of the noop batch")
     p.add_argument("--minilm-items", type=int, default=50_000, help="lines of the MiniLM batch (0: skip)")
     p.add_argument("--repeats", type=int, default=2, help="runs of each path, alternating")

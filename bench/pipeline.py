@@ -25,13 +25,8 @@ ITEM = "item {}: the quick brown fox jumps over the lazy dog"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smaller figures (about 2 minutes)")
+    p = h.arguments(__doc__, quick="smaller figures (about 2 minutes)", seed=7, services=True, timeout_s=240)
     p.add_argument("--sections", default="1,2,3", help="which figures to run, e.g. 1,3")
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--timeout-s", type=float, default=240, help="give up on one measured phase after this")
-    p.add_argument("--worker-setting", action="append", default=[], metavar="NAME=VALUE",
-                   help="extra BATCHWORK_NAME=VALUE for every batchwork worker (repeatable)")  # fmt: skip
     g = p.add_argument_group("figure 1: MiniLM")
     g.add_argument("--minilm-n", type=int, default=64, help="N, raw batch size and max_batch_size")
     g.add_argument("--minilm-wait-ms", type=float, default=50)

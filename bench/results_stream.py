@@ -12,7 +12,6 @@ chunks on. Starts a PostgreSQL (and a Redis) of its own.
 
 from __future__ import annotations
 
-import argparse
 import io
 import resource
 import time
@@ -23,7 +22,7 @@ from bench import harness as h
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = h.arguments(__doc__)
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--reps", type=int, default=2)
     args = p.parse_args()

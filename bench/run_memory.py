@@ -12,7 +12,6 @@ written) and lines over the whole command's wall time.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
@@ -21,7 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench import harness as h
+
+ROOT = h.ROOT
 
 
 def write_input(path: Path, lines: int) -> None:
@@ -70,9 +71,7 @@ def check_output(path: Path, lines: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = h.arguments(__doc__)
     parser.add_argument("--lines", default="1000000,10000000")
     parser.add_argument("--old", type=Path, help="another checkout's root, run beside this one")
     parser.add_argument("--old-max-lines", type=int, default=1_000_000)

@@ -26,8 +26,7 @@ WORKER_COUNTS = (1, 2, 4)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="fewer items (about 2 minutes)")
+    p = h.arguments(__doc__, quick="fewer items (about 2 minutes)", services=True)
     p.add_argument("--workers", default="1,2,4", help="worker counts to measure")
     p.add_argument("--producers", type=int, default=4, help="producer processes for the single-item calls")
     p.add_argument("--calls", type=int, default=None, help="single-item calls (default 4000, quick 2000)")
@@ -37,9 +36,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--base-ms", type=float, default=200.0, help="simulated batch cost a in a + b*n")
     p.add_argument("--per-item-ms", type=float, default=4.0, help="simulated batch cost b in a + b*n")
     p.add_argument("--n", type=int, default=64, help="max_batch_size of every worker")
-    p.add_argument("--timeout-s", type=float, default=300, help="give up on one measured phase after this")
-    p.add_argument("--worker-setting", action="append", default=[], metavar="NAME=VALUE",
-                   help="extra BATCHWORK_NAME=VALUE for every worker, e.g. PREFETCH_COUNT=256")  # fmt: skip
     p.add_argument("--no-bulk", action="store_true", help="only the single-item calls")
     p.add_argument("--produce", type=int, default=None, help=argparse.SUPPRESS)  # a producer subprocess
     p.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -108,7 +104,7 @@ def single_item_calls(args: argparse.Namespace, found: h.Stack, count: int) -> d
         subprocess.Popen(argv, cwd=h.ROOT, env=found.env(), stdout=subprocess.PIPE, text=True)
         for _ in range(args.producers)
     ]
-    meters = CpuByService(workers)
+    meters = h.CpuMeter(*workers)
     time.sleep(max(0.0, start_at - time.time()))
     with meters:
         stored = h.wait_rows(found, "results", total + args.producers, args.timeout_s)
@@ -118,14 +114,14 @@ def single_item_calls(args: argparse.Namespace, found: h.Stack, count: int) -> d
     p50, p99 = latency_ms(found, first_sent)
     for worker in workers:
         worker.stop()
-    shown = ", ".join(f"{k} {v:.2f}" for k, v in meters.cores.items())
+    shown = ", ".join(f"{k} {v:.2f}" for k, v in cores(meters).items())
     print(f"  {count} worker(s), calls: {total} items in {wall:.1f} s; CPU cores used: {shown}")
     return {
         "items/s": total / wall,
         "publish items/s": total / (max(s["last"] for s in sent) - first_sent),
         "p50 ms": p50,
         "p99 ms": p99,
-        **{f"cpu {k}": v for k, v in meters.cores.items()},
+        **{f"cpu {k}": v for k, v in cores(meters).items()},
         "producer CPU us/call": sum(s["cpu_s"] for s in sent) / total * 1e6,
     }
 
@@ -136,7 +132,7 @@ def bulk_submit(args: argparse.Namespace, found: h.Stack, count: int) -> dict[st
     found.truncate()
     workers = start_workers(args, found, count)
     inputs = [f"bulk item {i}" for i in range(args.submit_items)]
-    meters = CpuByService(workers)
+    meters = h.CpuMeter(*workers)
     with meters:
         began = time.time()
         submit("simulated", inputs, priority="bulk")
@@ -145,7 +141,7 @@ def bulk_submit(args: argparse.Namespace, found: h.Stack, count: int) -> dict[st
     for worker in workers:
         worker.stop()
     wall = stored.last - began
-    shown = ", ".join(f"{k} {v:.2f}" for k, v in meters.cores.items())
+    shown = ", ".join(f"{k} {v:.2f}" for k, v in cores(meters).items())
     print(
         f"  {count} worker(s), bulk: {len(inputs)} items in {wall:.1f} s (submit {submitted:.1f} s); {shown}"
     )
@@ -164,33 +160,14 @@ def latency_ms(found: h.Stack, since: float) -> tuple[float, float]:
     return p50 * 1000, p99 * 1000
 
 
-class CpuByService:
-    """CPU cores used while a block runs by the workers, Redis, PostgreSQL, and everything else (producers,
-    this bench)."""
-
-    def __init__(self, workers: Sequence[h.Proc]) -> None:
-        self.workers = workers
-        self.cores: dict[str, float] = {}
-
-    def __enter__(self) -> CpuByService:
-        self._wall = time.monotonic()
-        self._before = self._sample()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        after = self._sample()
-        wall = time.monotonic() - self._wall
-        used = {k: after[k] - self._before[k] for k in after}
-        used["others"] = used.pop("machine") - used["workers"] - used["redis"] - used["postgres"]
-        self.cores = {k: v / wall for k, v in used.items()}
-
-    def _sample(self) -> dict[str, float]:
-        return {
-            "machine": h.machine_busy_s(),
-            "workers": sum(h.group_cpu_s(w.pid) for w in self.workers),
-            "redis": h.named_cpu_s("redis-server"),
-            "postgres": h.named_cpu_s("postgres"),
-        }
+def cores(meter: h.CpuMeter) -> dict[str, float]:
+    """Workers, Redis, PostgreSQL, and everything else (producers, this bench)."""
+    return {
+        "workers": meter.cores["workers"],
+        "redis": meter.cores["redis"],
+        "postgres": meter.cores["postgres"],
+        "others": meter.cores["rest"] + meter.cores["bench"],
+    }
 
 
 def report(

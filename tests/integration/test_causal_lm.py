@@ -17,9 +17,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
-from bench.batched_runs import Request, run_continuous
 from tests.integration.tiny_causal_lm import ARCHITECTURES, CONTEXT, tiny_checkpoints  # noqa: F401
 from tests.integration.tiny_gpt2 import tiny_gpt2  # noqa: F401
+from tests.support.batched_runs import Request, run_continuous
 from worker.batching.sequences import Generation
 from worker.errors import InvalidInput
 from worker.models.base import Finished

@@ -16,11 +16,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPT2LMHeadModel
 
-from bench.batched_runs import Request, run_continuous, run_static
-
 # The fixtures are imported to be used; each test naming one as an argument needs its own noqa: F811.
 from tests.integration.tiny_causal_lm import tiny_checkpoints  # noqa: F401
 from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos, with_pytorch_bin  # noqa: F401
+from tests.support.batched_runs import Request, run_continuous, run_static
 from worker.batching.sequences import Generation
 from worker.errors import InvalidInput
 from worker.models.base import Finished

@@ -7,7 +7,7 @@ from collections.abc import Callable, Hashable
 
 import pytest
 
-from bench.batched_runs import Request, run_continuous, run_static
+from tests.support.batched_runs import Request, run_continuous, run_static
 from worker.models.base import Finished
 
 
