@@ -12,13 +12,10 @@ asserts; cleans up its Redis database, PostgreSQL schema and the API process. Fr
 from __future__ import annotations
 
 import argparse
-import http.client
 import os
 import statistics
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import orjson
@@ -124,7 +121,6 @@ def submit_section(args: argparse.Namespace, url: str, key: str, api: h.Proc) ->
 
 def poll_section(args: argparse.Namespace, port: int, key: str, job_id: str) -> None:
     latencies, wall = _poll(port, key, job_id, args.pollers, args.polls)
-    latencies.sort()
     print(f"\n2. GET /v1/jobs/{{id}} under {args.pollers} concurrent pollers, {args.polls} requests each")
     rows = [
         (
@@ -139,36 +135,10 @@ def poll_section(args: argparse.Namespace, port: int, key: str, job_id: str) -> 
 
 
 def _poll(port: int, key: str, job_id: str, pollers: int, polls: int) -> tuple[list[float], float]:
-    """Each poller a thread with one keep-alive connection. The stdlib client, not httpx: httpx's async
-    pool spent more CPU per request than the API itself here, so the bench measured its own client."""
-    headers = {"Authorization": f"Bearer {key}"}
-    path = f"/v1/jobs/{job_id}"
-    start = threading.Barrier(pollers + 1)
-
-    def poller() -> list[float]:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        connection.request("GET", path, headers=headers)  # warm: connect, and the API's key cache
-        connection.getresponse().read()
-        start.wait()
-        spent = []
-        for _ in range(polls):
-            began = time.perf_counter()
-            connection.request("GET", path, headers=headers)
-            answer = connection.getresponse()
-            body = answer.read()
-            spent.append(time.perf_counter() - began)
-            if answer.status != 200:
-                raise RuntimeError(f"poll answered {answer.status}: {body[:200]!r}")
-        connection.close()
-        return spent
-
-    with ThreadPoolExecutor(pollers) as pool:
-        futures = [pool.submit(poller) for _ in range(pollers)]
-        start.wait()
-        began = time.perf_counter()
-        results = [future.result() for future in futures]
-        wall = time.perf_counter() - began
-    return [latency for result in results for latency in result], wall
+    """Each poller one keep-alive connection, warmed first (connected, the API's key cache filled)."""
+    get = ("GET", f"/v1/jobs/{job_id}", None, {"Authorization": f"Bearer {key}"})
+    latencies, wall, _ = h.http_clients(port, pollers, polls, lambda client, i: get, warm=True)
+    return latencies, wall
 
 
 def serve(variant: str, port: int) -> None:
@@ -213,7 +183,6 @@ def auth_section(args: argparse.Namespace, found: h.Stack, key: str) -> None:
         for _ in range(args.rounds):
             for name, port in ports.items():
                 latencies, wall = _poll(port, key, job_id, pollers, args.polls)
-                latencies.sort()
                 p50s[name].append(h.percentile(latencies, 50) * 1000)
                 p99s[name].append(h.percentile(latencies, 99) * 1000)
                 rates[name].append(len(latencies) / wall)

@@ -13,13 +13,13 @@ read), and nothing to look for. Prints milliseconds of Redis time per census.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 import uuid
 
 import redis
 
+from bench import harness as h
 from tests.support.services import RedisServer
 from worker.broker.census import MessageCensus
 from worker.broker.keys import Keys
@@ -48,7 +48,7 @@ def _time_ms(census: MessageCensus, wanted: list[tuple[str, str]], client: redis
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = h.arguments(__doc__)
     parser.add_argument("--messages", default="1000,10000,100000")
     args = parser.parse_args()
     with RedisServer() as server:
@@ -59,10 +59,7 @@ def measure(url: str, counts: list[int]) -> None:
     client = redis.Redis.from_url(url)
     keys = Keys()
     census = MessageCensus(client, keys, grace_s=60)
-    print(
-        f"{'queued':>8} {'oldest 1000 seen ms':>20} {'whole queue read ms':>20} "
-        f"{'lost in another queue ms':>25} {'nothing wanted ms':>18}"
-    )
+    table = []
     try:
         for count in counts:
             client.flushdb()
@@ -70,10 +67,11 @@ def measure(url: str, counts: list[int]) -> None:
             oldest = _time_ms(census, [(job_id, "normal") for job_id in ids[:1000]], client, keys)
             whole = _time_ms(census, [(str(uuid.uuid4()), "normal")], client, keys)
             other = _time_ms(census, [(str(uuid.uuid4()), "bulk")], client, keys)
-            nothing = _time_ms(census, [], client, keys)
-            print(f"{count:>8} {oldest:>20.1f} {whole:>20.1f} {other:>25.1f} {nothing:>18.2f}")
+            table.append([count, oldest, whole, other, _time_ms(census, [], client, keys)])
     finally:
         client.close()
+    h.print_table(["queued", "oldest 1000 seen ms", "whole queue read ms", "lost in another queue ms",
+                   "nothing wanted ms"], table)  # fmt: skip
 
 
 if __name__ == "__main__":

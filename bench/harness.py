@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -21,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -184,6 +186,47 @@ def print_problems(procs: Sequence[Proc], limit: int = 20) -> None:
         print(f"  {proc.name}: {len(lines)} warning/error lines" + (":" if lines else ""))
         for line in lines[:limit]:
             print(f"    {line[:300]}")
+
+
+# -- HTTP clients ----------------------------------------------------------------------------------------
+
+Request = tuple[str, str, bytes | None, dict[str, str]]  # method, path, body, headers
+
+
+def http_clients(
+    port: int, clients: int, calls: int, request: Callable[[int, int], Request], warm: bool = False
+) -> tuple[list[float], float, float]:
+    """``clients`` threads, each one keep-alive connection sending ``request(client, i)`` for i < ``calls``,
+    all started together (with ``warm``, after one untimed ``request(client, -1)`` each: connected, caches
+    warm). The stdlib client, not httpx: httpx's async pool spent more CPU per request than the API itself
+    here. Every latency, sorted; the wall time; the epoch time they started. A non-200 answer raises."""
+    start = threading.Barrier(clients + 1)
+
+    def client(number: int) -> list[float]:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+        def send(i: int) -> float:
+            began = time.perf_counter()
+            connection.request(*request(number, i))
+            answer = connection.getresponse()
+            body = answer.read()
+            if answer.status != 200:
+                raise RuntimeError(f"{request(number, i)[1]} answered {answer.status}: {body[:200]!r}")
+            return time.perf_counter() - began
+
+        if warm:
+            send(-1)
+        start.wait()
+        spent = [send(i) for i in range(calls)]
+        connection.close()
+        return spent
+
+    with ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(client, number) for number in range(clients)]
+        start.wait()
+        started, began = time.time(), time.perf_counter()
+        latencies = sorted(latency for future in futures for latency in future.result())
+    return latencies, time.perf_counter() - began, started
 
 
 # -- CPU -----------------------------------------------------------------------------------------------

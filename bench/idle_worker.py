@@ -8,7 +8,6 @@ repository root: ``python -m bench.idle_worker [--seconds 20]``.
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Sequence
 
@@ -16,7 +15,7 @@ from bench import harness as h
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = h.arguments(__doc__)
     parser.add_argument("--seconds", type=float, default=20, help="how long to measure the idle worker")
     args = parser.parse_args(argv)
     with h.stack() as found:

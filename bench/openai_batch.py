@@ -19,10 +19,8 @@ import argparse
 import http.client
 import io
 import statistics
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -155,37 +153,23 @@ def _model_of(body: bytes) -> str:
 
 def embeddings_section(args: argparse.Namespace, key: str, database_url: str) -> None:
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    start = threading.Barrier(args.clients + 1)
 
     warm = http.client.HTTPConnection("127.0.0.1", args.port, timeout=120)  # MiniLM loads on the first
     warm.request("POST", "/v1/embeddings", body=b'{"model": "minilm", "input": "warm up"}', headers=headers)
     warm.getresponse().read()
     warm.close()
 
-    def one_client(number: int) -> list[float]:
-        start.wait()
-        connection = http.client.HTTPConnection("127.0.0.1", args.port, timeout=120)
-        spent = []
-        for i in range(args.requests):
-            text = f"client {number} asks for request {i} about batching"
-            body = orjson.dumps({"model": "minilm", "input": text, "encoding_format": "float"})
-            began = time.perf_counter()
-            connection.request("POST", "/v1/embeddings", body=body, headers=headers)
-            answer = connection.getresponse()
-            data = answer.read()
-            spent.append(time.perf_counter() - began)
-            if answer.status != 200:
-                raise RuntimeError(f"embeddings answered {answer.status}: {data[:200]!r}")
-        connection.close()
-        return spent
+    def post(number: int, i: int) -> h.Request:
+        text = f"client {number} asks for request {i} about batching"
+        return (
+            "POST",
+            "/v1/embeddings",
+            orjson.dumps({"model": "minilm", "input": text, "encoding_format": "float"}),
+            headers,
+        )
 
-    with ThreadPoolExecutor(args.clients) as pool:
-        futures = [pool.submit(one_client, number) for number in range(args.clients)]
-        start.wait()
-        since = datetime.now(UTC)
-        began = time.perf_counter()
-        latencies = sorted(latency for future in futures for latency in future.result())
-        wall = time.perf_counter() - began
+    latencies, wall, started = h.http_clients(args.port, args.clients, args.requests, post)
+    since = datetime.fromtimestamp(started, UTC)
     sizes = _batch_sizes(database_url, since)
     print(f"\n2. POST /v1/embeddings (MiniLM), {args.clients} concurrent clients of one input each")
     row = (
