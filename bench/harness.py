@@ -42,6 +42,7 @@ UVICORN_READY = re.compile(r"Uvicorn running on")
 PROBLEM = re.compile(r": (WARNING|ERROR|CRITICAL)/|Traceback|Error:")
 
 _started: list[Proc] = []
+_servers: dict[str, int] = {}  # the running stack's redis-server and postmaster pids, for CpuMeter
 
 
 # -- services ------------------------------------------------------------------------------------------
@@ -88,9 +89,12 @@ def stack() -> Iterator[Stack]:
         from worker.store.schema import migrate
 
         migrate(found.database_url)
+        assert redis_server.proc is not None and postgres.proc is not None
+        _servers.update(redis=redis_server.proc.pid, postgres=postgres.proc.pid)
         try:
             yield found
         finally:
+            _servers.clear()
             for proc in list(_started):
                 proc.stop(timeout_s=10)
             found.db.dispose()
@@ -245,8 +249,8 @@ class CpuMeter:
             "bench": time.process_time(),
             "workers": sum(group_cpu_s(p.pid) for p in self.procs),
             "machine": machine_busy_s(),
-            "redis": named_cpu_s("redis-server"),
-            "postgres": named_cpu_s("postgres"),
+            "redis": server_cpu_s("redis"),
+            "postgres": server_cpu_s("postgres"),
         }
 
     def __enter__(self) -> CpuMeter:
@@ -271,23 +275,25 @@ def machine_busy_s() -> float:
 
 def group_cpu_s(pgid: int) -> float:
     """CPU seconds so far of the live processes of one process group (a worker and its pool)."""
-    return _cpu_s(lambda name, fields: int(fields[2]) == pgid)
+    return _cpu_s(lambda pid, fields: int(fields[2]) == pgid)
 
 
-def named_cpu_s(command: str) -> float:
-    return _cpu_s(lambda name, fields: name.startswith(command))
+def server_cpu_s(name: str) -> float:
+    """CPU seconds so far of the stack's own redis-server or PostgreSQL (the postmaster and its backends),
+    never another server on a shared box."""
+    server = _servers.get(name, -1)
+    return _cpu_s(lambda pid, fields: server in (pid, int(fields[1])))
 
 
-def _cpu_s(counts: Callable[[str, list[str]], bool]) -> float:
+def _cpu_s(counts: Callable[[int, list[str]], bool]) -> float:
     total = 0
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as stat:
-                name, _, rest = stat.read().partition(" (")[2].rpartition(")")
+                fields = stat.read().rpartition(")")[2].split()  # state, ppid, pgrp, ..., utime 11, stime 12
         except OSError:
             continue
-        fields = rest.split()  # state, ppid, pgrp, ..., utime at 11, stime at 12
-        if counts(name, fields):
+        if counts(int(entry), fields):
             total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
 
