@@ -29,7 +29,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import redis
 from sqlalchemy import Engine, create_engine, text
 
 from tests.support.services import PostgresServer, RedisServer
@@ -53,7 +52,6 @@ class Stack:
     broker_url: str
     database_url: str
     db: Engine
-    broker: redis.Redis
 
     def env(self, **settings: Any) -> dict[str, str]:
         """The environment of a child process on these servers: no BATCHWORK_ setting of the caller's."""
@@ -81,7 +79,7 @@ def stack() -> Iterator[Stack]:
     signal.signal(signal.SIGTERM, _interrupt)
     with RedisServer() as redis_server, PostgresServer() as postgres:
         broker_url = f"{redis_server.url}/0"
-        found = Stack(broker_url, postgres.url, create_engine(postgres.url), redis.Redis.from_url(broker_url))
+        found = Stack(broker_url, postgres.url, create_engine(postgres.url))
         for name in [k for k in os.environ if k.startswith(("BATCHWORK_", "BENCH_"))]:
             del os.environ[name]
         os.environ.update(BATCHWORK_BROKER_URL=found.broker_url, BATCHWORK_DATABASE_URL=found.database_url)
