@@ -12,7 +12,6 @@ never asserts and never downloads. Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import cached_checkpoint
+from bench import harness as h
 
 PROMPT_TOKENS = (5, 200)
 NEW_TOKENS = (8, 256)
@@ -34,7 +33,7 @@ PAGE = 16
 
 def checkpoint_for(layers: int, width: int, seed: int) -> Path:
     name = f"batchwork-bench-llama-{layers}x{width}-s{seed}"
-    return cached_checkpoint(name, lambda d: build_checkpoint(d, layers, width, seed))
+    return h.cached_checkpoint(name, lambda d: build_checkpoint(d, layers, width, seed))
 
 
 def build_checkpoint(directory: Path, layers: int, width: int, seed: int) -> None:
@@ -261,7 +260,7 @@ def run_generate(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = h.arguments(__doc__, seed=7)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--width", type=int, default=512)
@@ -271,7 +270,6 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads on the CPU (0: torch's default)"
     )
-    parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--skip-one-at-a-time", action="store_true")
     args = parser.parse_args()
     import torch
