@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ class Stack:
     database_url: str
     db: Engine
     broker: redis.Redis
+    servers: dict[str, int] = field(default_factory=dict)  # "postgres", "redis": the server's pid
 
     def env(self, **settings: Any) -> dict[str, str]:
         """The environment of a child process on these servers: no BATCHWORK_ setting of the caller's."""
@@ -79,6 +80,9 @@ def stack() -> Iterator[Stack]:
     with RedisServer() as redis_server, PostgresServer() as postgres:
         broker_url = f"{redis_server.url}/0"
         found = Stack(broker_url, postgres.url, create_engine(postgres.url), redis.Redis.from_url(broker_url))
+        for name, server in (("postgres", postgres), ("redis", redis_server)):
+            if server.proc is not None:
+                found.servers[name] = server.proc.pid
         for name in [k for k in os.environ if k.startswith(("BATCHWORK_", "BENCH_"))]:
             del os.environ[name]
         os.environ.update(BATCHWORK_BROKER_URL=found.broker_url, BATCHWORK_DATABASE_URL=found.database_url)
@@ -193,20 +197,24 @@ class CpuMeter:
     """CPU used while a block runs, in cores: by this process, by the given process groups, and by everyone
     else (the whole machine less those two: PostgreSQL, Redis, and on a shared box the noise)."""
 
-    def __init__(self, *procs: Proc) -> None:
+    def __init__(self, *procs: Proc, servers: dict[str, int] | None = None) -> None:
         self.procs, self.cores, self.seconds = procs, dict[str, float](), dict[str, float]()
+        self.servers = servers or {}  # also counted apart (and out of "others"): a server's process tree
 
     def __enter__(self) -> CpuMeter:
         self._wall, self._own, self._machine = time.monotonic(), time.process_time(), machine_busy_s()
         self._groups = sum(group_cpu_s(p.pid) for p in self.procs)
+        self._servers = {name: tree_cpu_s(pid) for name, pid in self.servers.items()}
         return self
 
     def __exit__(self, *exc: object) -> None:
         wall = time.monotonic() - self._wall
         own = time.process_time() - self._own
         groups = sum(group_cpu_s(p.pid) for p in self.procs) - self._groups
+        servers = {name: tree_cpu_s(pid) - self._servers[name] for name, pid in self.servers.items()}
         machine = machine_busy_s() - self._machine
-        self.seconds = {"bench": own, "workers": groups, "others": machine - own - groups}
+        others = machine - own - groups - sum(servers.values())
+        self.seconds = {"bench": own, "workers": groups, **servers, "others": others}
         self.cores = {key: value / wall for key, value in self.seconds.items()}
 
 
@@ -220,6 +228,17 @@ def machine_busy_s() -> float:
 def group_cpu_s(pgid: int) -> float:
     """CPU seconds so far of the live processes of one process group (a worker and its pool)."""
     return _cpu_s(lambda name, fields: int(fields[2]) == pgid)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds so far of a server and its children (PostgreSQL's backends)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        own = 0.0
+    return own + _cpu_s(lambda name, fields: int(fields[1]) == pid)
 
 
 def named_cpu_s(command: str) -> float:

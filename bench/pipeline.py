@@ -296,7 +296,7 @@ def bulk_submit(args: argparse.Namespace, found: h.Stack) -> None:
         found.truncate()
         for name, function in originals.items():
             setattr(Client, name, timed(name, function))
-        with h.CpuMeter(worker) as cpu:
+        with h.CpuMeter(worker, servers=found.servers) as cpu:
             started = time.time()
             job_id = submit("noop", inputs)
             submitted = time.time()
@@ -323,10 +323,12 @@ def bulk_submit(args: argparse.Namespace, found: h.Stack) -> None:
         ["end to end: submit call -> succeeded", f"{e2e_s:.2f}", job.done / e2e_s],
     ])  # fmt: skip
     print(f"  job {job.state}: {job.done} done, {job.failed} failed; {count} batches, mean size {size:.0f}, "
-          f"model run {run_ms / 1000:.2f} s in all; CPU (cores) worker {cpu.cores['workers']:.2f}, "
-          f"bench {cpu.cores['bench']:.2f}, others {cpu.cores['others']:.2f}")  # fmt: skip
+          f"model run {run_ms / 1000:.2f} s in all; CPU (cores) "
+          + ", ".join(f"{name} {cores:.2f}" for name, cores in cpu.cores.items()))  # fmt: skip
     print(f"  end to end {job.done / (finished - started):,.0f} items/s (target >= 150,000); worker CPU "
           f"{cpu.seconds['workers'] / max(1, job.done) * 1e6:.1f} µs per item (target <= 5)")  # fmt: skip
+    print("  CPU µs per item: " + ", ".join(f"{name} {seconds / max(1, job.done) * 1e6:.1f}"
+                                           for name, seconds in cpu.seconds.items()))  # fmt: skip
     h.print_problems([worker])
 
 
