@@ -154,6 +154,7 @@ def test_a_group_of_batches_keeps_each_rows_batch_and_counts_each_batch(
         ("succeeded", 3, 0),
         ("failed", 0, 1),
     ]
+    assert all(s is not None and s.started_at and s.finished_at for s in states)
     assert [o.item_id for o in store.results(second.job_id)] == ["item-0", "item-1", "item-2"]
 
 

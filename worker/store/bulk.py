@@ -98,7 +98,7 @@ def insert_results(
         if conn.dialect.name != "postgresql":
             raise ValueError("a fresh insert of results is PostgreSQL's alone")
         _insert_fresh_postgresql(conn, writes, batch_ids, created_at)
-        return [_counted(items) for items in writes]
+        return [counted(items) for items in writes]
     insert = _RESULT_INSERTS[conn.dialect.name]
     return [
         insert(conn, items, batch_id, created_at) if len(items) else []
@@ -106,7 +106,7 @@ def insert_results(
     ]
 
 
-def _counted(items: ItemColumns) -> Inserted:
+def counted(items: ItemColumns) -> Inserted:
     """Per job: its rows without an error, and with one (every row new). C loops, nothing per row."""
     rows = Counter(items.job_ids)
     failed = Counter(compress(items.job_ids, map(is_not, items.errors, repeat(None))))

@@ -54,6 +54,8 @@ RESULTS_PAGE_SIZE = 2000
 # Lines per page when PostgreSQL writes a job's results as NDJSON (result_lines): one text of a few MB.
 RESULT_LINES_PAGE_SIZE = 20_000
 _JOB = tables.jobs.c
+# A worker's store threads on PostgreSQL (see concurrent_writers).
+CONCURRENT_WRITERS = 2
 
 
 class ResultStore:
@@ -65,6 +67,12 @@ class ResultStore:
         self.url = url or engine.url.render_as_string(hide_password=False)
         self._single_reads = single_reads(engine)
         self._schema_checked = False
+
+    @property
+    def concurrent_writers(self) -> int:
+        """How many threads of a worker may write batches at once to good effect: PostgreSQL runs one
+        transaction's statements while the next is sent (a SQLite file takes one writer at a time)."""
+        return CONCURRENT_WRITERS if self.engine.dialect.name == "postgresql" else 1
 
     @classmethod
     def from_url(cls, url: str) -> ResultStore:
@@ -202,13 +210,23 @@ class ResultStore:
         fresh: bool,
     ) -> Stored:
         now = _utcnow()
+        ordered = [specs[job_id] for job_id in sorted(specs)]
+        if fresh:
+            # Every row is new: a job row this write creates holds its counts and state from the start.
+            counts = [row for given in columns for row in bulk.counted(given)]
+            job_rows = rows.counted_job_rows(ordered, counts, now)
+        else:
+            job_rows = [rows.job_row(spec, now) for spec in ordered]
         with self.engine.begin() as conn:
-            new_jobs = bulk.insert_jobs(conn, [rows.job_row(specs[job_id], now) for job_id in sorted(specs)])
+            new_jobs = bulk.insert_jobs(conn, job_rows)
             refused, cancelled = queries.check_jobs(conn, [specs[j] for j in specs if j not in new_jobs])
             kept = [_kept(given, refused, cancelled) for given in columns]
             batch_ids = bulk.insert_batches(conn, records)
             inserted = bulk.insert_results(conn, kept, batch_ids, now, fresh=fresh)
-            progress = rows.progress_by_job([row for rows_of in inserted for row in rows_of], now)
+            counted = new_jobs if fresh else set()
+            progress = rows.progress_by_job(
+                [row for rows_of in inserted for row in rows_of if row[0] not in counted], now
+            )
             if len(progress) > 1 and conn.dialect.name == "postgresql":
                 conn.execute(rows.PROGRESS_OF_MANY, {"progress": progress, "now": now})
             elif progress:
