@@ -228,12 +228,12 @@ def single_calls(args: argparse.Namespace, found: h.Stack) -> None:
         workers.append(worker)
         try:
             ready = worker.wait_ready()
-            with h.CpuMeter(worker) as cpu:
+            with h.CpuMeter(worker, servers=found.servers) as cpu:
                 rows = h.wait_rows(found, table_name, len(items), args.timeout_s)
             drain[name] = _calls_row(table, found, name, "drain", publish_rate, rows, ready, cpu)
             # End to end: the worker running, from the first publish to the last row written.
             found.truncate("results", "jobs", "batches", "bench_results")
-            with h.CpuMeter(worker) as cpu:
+            with h.CpuMeter(worker, servers=found.servers) as cpu:
                 began = time.time()
                 for i, item in enumerate(items):
                     publish(i, item)
@@ -243,7 +243,8 @@ def single_calls(args: argparse.Namespace, found: h.Stack) -> None:
         finally:
             worker.stop()
     h.print_table(["system", "phase", "publish items/s", "items/s", "items/s first->last write", "wall s",
-                   "batches (mean size)", "CPU worker", "CPU others"], table)  # fmt: skip
+                   "batches (mean size)", "CPU bench", "CPU worker", "CPU postgres", "CPU redis",
+                   "CPU others"], table)  # fmt: skip
     if {"batchwork", "plain", "celery-batches"} <= e2e.keys():
         h.print_table(["ratio", "end-to-end", "drain (pre-filled queue)", "target"], [
             ["batchwork / celery-batches", h.ratio(e2e["batchwork"], e2e["celery-batches"]),
@@ -263,7 +264,8 @@ def _calls_row(table: list[list[object]], found: h.Stack, name: str, phase: str,
         count, size, _, _ = h.batch_stats(found)
         batches = f"{count} ({size:.1f})"
     cells = [publish_rate, rows.count / wall_s, rows.commit_rate(), f"{wall_s:.2f}", batches]
-    table.append([name, phase, *cells, *cores(cpu)[1:]])
+    servers = [f"{cpu.cores[key]:.2f}" for key in ("postgres", "redis")]
+    table.append([name, phase, *cells, *cores(cpu)[:2], *servers, cores(cpu)[2]])
     return rows.count / wall_s
 
 
