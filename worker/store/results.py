@@ -213,8 +213,8 @@ class ResultStore:
         ordered = [specs[job_id] for job_id in sorted(specs)]
         if fresh:
             # Every row is new: a job row this write creates holds its counts and state from the start.
-            counts = [row for given in columns for row in bulk.counted(given)]
-            job_rows = rows.counted_job_rows(ordered, counts, now)
+            first_counts = [row for given in columns for row in bulk.counted(given)]
+            job_rows = rows.counted_job_rows(ordered, first_counts, now)
         else:
             job_rows = [rows.job_row(spec, now) for spec in ordered]
         with self.engine.begin() as conn:

@@ -106,13 +106,13 @@ def counted_job_rows(
         ok, bad = done[spec.job_id], failed[spec.job_id]
         if ok + bad:
             complete = ok + bad >= spec.total
-            row.update(state=_state(complete, ok, bad), done=ok, failed=bad, started_at=now)
+            row.update(state=_first_state(complete, ok, bad), done=ok, failed=bad, started_at=now)
             row["finished_at"] = now if complete else None
         found.append(row)
     return found
 
 
-def _state(complete: bool, done: int, failed: int) -> str:
+def _first_state(complete: bool, done: int, failed: int) -> str:
     """A queued job's state once it has outcomes (as PROGRESS's CASE has it)."""
     if not complete:
         return "running"
