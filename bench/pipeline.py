@@ -34,6 +34,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--minilm-reps", type=int, default=None, help="alternations (default 2, quick 1)")
     g = p.add_argument_group("figure 2: noop, many single-item calls")
     g.add_argument("--calls", type=int, default=None, help="items, one call each (default 5000, quick 2000)")
+    g.add_argument("--systems", default="batchwork,plain,celery-batches",
+                   help="which systems to run (the ratios need all three)")  # fmt: skip
     g.add_argument("--plain-pool", default="prefork", choices=["prefork", "solo", "threads"])
     g.add_argument("--plain-concurrency", type=int, default=2)
     g.add_argument("--plain-prefetch", type=int, default=4, help="worker_prefetch_multiplier")
@@ -204,6 +206,8 @@ def single_calls(args: argparse.Namespace, found: h.Stack) -> None:
                         BENCH_FLUSH_INTERVAL_S=str(args.flush_interval_s)),
          lambda i, item: batches_store.delay(i, item)),
     ]  # fmt: skip
+    chosen = set(args.systems.split(","))
+    systems = [system for system in systems if system[0] in chosen]
     table: list[list[object]] = []
     e2e: dict[str, float] = {}
     drain: dict[str, float] = {}
@@ -234,13 +238,15 @@ def single_calls(args: argparse.Namespace, found: h.Stack) -> None:
         finally:
             worker.stop()
     h.print_table(["system", "phase", "publish items/s", "items/s", "items/s first->last write", "wall s",
-                   "batches (mean size)", "CPU worker", "CPU others"], table)  # fmt: skip
-    h.print_table(["ratio", "end-to-end", "drain (pre-filled queue)", "target"], [
-        ["batchwork / celery-batches", h.ratio(e2e["batchwork"], e2e["celery-batches"]),
-         h.ratio(drain["batchwork"], drain["celery-batches"]), "end-to-end >= 3x, drain >= 5x"],
-        ["batchwork / plain", h.ratio(e2e["batchwork"], e2e["plain"]),
-         h.ratio(drain["batchwork"], drain["plain"]), ""],
-    ])  # fmt: skip
+                   "batches (mean size)", "CPU bench", "CPU worker", "CPU postgres", "CPU redis",
+                   "CPU others"], table)  # fmt: skip
+    if {"batchwork", "plain", "celery-batches"} <= e2e.keys():
+        h.print_table(["ratio", "end-to-end", "drain (pre-filled queue)", "target"], [
+            ["batchwork / celery-batches", h.ratio(e2e["batchwork"], e2e["celery-batches"]),
+             h.ratio(drain["batchwork"], drain["celery-batches"]), "end-to-end >= 3x, drain >= 5x"],
+            ["batchwork / plain", h.ratio(e2e["batchwork"], e2e["plain"]),
+             h.ratio(drain["batchwork"], drain["plain"]), ""],
+        ])  # fmt: skip
     h.print_problems(workers)
 
 
@@ -253,7 +259,8 @@ def _calls_row(table: list[list[object]], found: h.Stack, name: str, phase: str,
         count, size, _, _ = h.batch_stats(found)
         batches = f"{count} ({size:.1f})"
     cells = [publish_rate, rows.count / wall_s, rows.commit_rate(), f"{wall_s:.2f}", batches]
-    table.append([name, phase, *cells, *cores(cpu)[1:]])
+    servers = [f"{cpu.cores[key]:.2f}" for key in ("postgres", "redis")]
+    table.append([name, phase, *cells, *cores(cpu)[:2], *servers, f"{cpu.cores['rest']:.2f}"])
     return rows.count / wall_s
 
 
@@ -318,10 +325,12 @@ def bulk_submit(args: argparse.Namespace, found: h.Stack) -> None:
         ["end to end: submit call -> succeeded", f"{e2e_s:.2f}", job.done / e2e_s],
     ])  # fmt: skip
     print(f"  job {job.state}: {job.done} done, {job.failed} failed; {count} batches, mean size {size:.0f}, "
-          f"model run {run_ms / 1000:.2f} s in all; CPU (cores) worker {cpu.cores['workers']:.2f}, "
-          f"bench {cpu.cores['bench']:.2f}, others {cpu.cores['others']:.2f}")  # fmt: skip
+          f"model run {run_ms / 1000:.2f} s in all; CPU (cores) "
+          + ", ".join(f"{name} {cores:.2f}" for name, cores in cpu.cores.items()))  # fmt: skip
     print(f"  end to end {job.done / (finished - started):,.0f} items/s (target >= 150,000); worker CPU "
           f"{cpu.seconds['workers'] / max(1, job.done) * 1e6:.1f} µs per item (target <= 5)")  # fmt: skip
+    print("  CPU µs per item: " + ", ".join(f"{name} {seconds / max(1, job.done) * 1e6:.1f}"
+                                           for name, seconds in cpu.seconds.items()))  # fmt: skip
     h.print_problems([worker])
 
 

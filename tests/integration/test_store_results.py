@@ -125,6 +125,39 @@ def test_batches_are_recorded_newest_first(store: ResultStore) -> None:
     assert store.recent_batches()[0].started_at.tzinfo is not None
 
 
+@pytest.mark.parametrize("redelivered", [False, True])
+def test_a_group_of_batches_keeps_each_rows_batch_and_counts_each_batch(
+    store: ResultStore, redelivered: bool
+) -> None:
+    # One transaction of three writes (two batches and outcomes refused before batching) of three jobs; with
+    # one row stored already, that row is neither stored again nor counted. Each row keeps its own batch.
+    first, second, third = new_job(total=2), new_job(total=3), new_job(total=1)
+    one, two = batch(2, model="minilm"), batch(3, model="simulated")
+    if redelivered:
+        store.write_batch(None, [ok(second, 1)], [second])
+
+    stored = store.write_batches(
+        [
+            (one, [ok(first, 0), err(first, 1)], [first]),
+            (two, [ok(second, 0), ok(second, 1), ok(second, 2)], [second]),
+            (None, [err(third, 0)], [third]),
+        ]
+    )
+
+    assert stored.new_rows == [2, 2 if redelivered else 3, 1]
+    assert store.recent_batches(first.job_id) == [one]
+    assert store.recent_batches(second.job_id) == [two]
+    assert store.recent_batches(third.job_id) == []
+    states = [store.status(job.job_id) for job in (first, second, third)]
+    assert [(s.state, s.done, s.failed) for s in states if s is not None] == [
+        ("partial", 1, 1),
+        ("succeeded", 3, 0),
+        ("failed", 0, 1),
+    ]
+    assert all(s is not None and s.started_at and s.finished_at for s in states)
+    assert [o.item_id for o in store.results(second.job_id)] == ["item-0", "item-1", "item-2"]
+
+
 def test_concurrent_redelivery_counts_each_item_once(store: ResultStore) -> None:
     # Four workers write the same 200 items in different orders: as if every message were redelivered.
     job = new_job(total=200)

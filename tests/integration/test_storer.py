@@ -86,6 +86,29 @@ def test_an_outcome_the_database_refuses_fails_alone_and_every_message_is_acked(
     assert [d for settled in outbox.settled for d in settled.deliveries] == [delivery]
 
 
+def test_two_writers_store_every_item_once_and_ack_every_message_once(pg_store: ResultStore) -> None:
+    # PostgreSQL gets two writer threads; a message's items are split over writes that either may store.
+    job = JobSpec(str(uuid.uuid4()), "noop", "normal", 2000)
+    deliveries = [held(job, 50) for _ in range(40)]
+    writes = []
+    for start in range(0, 2000, 30):  # 30 items a write: runs that straddle the 50-item messages
+        write = Outcomes(record(30))
+        for index in range(start, min(start + 30, 2000)):
+            write.add(ItemOutcome(job.job_id, index, None, output=index), deliveries[index // 50])
+        writes.append(write)
+    outbox = FakeOutbox()
+    storer = Storer(pg_store, outbox, Holdings())  # type: ignore[arg-type]
+    assert storer.writers == 2
+    run(storer, *writes)
+    acked = [d for settled in outbox.settled for d in settled.deliveries]
+    assert sorted(map(id, acked)) == sorted(map(id, deliveries))
+    assert all(d.pending == 0 and d.failed == 0 for d in deliveries)
+    assert outbox.events.count("task-succeeded") == 40
+    status = pg_store.status(job.job_id)
+    assert status is not None and (status.state, status.done, status.failed) == ("succeeded", 2000, 0)
+    assert [r.output for r in pg_store.results(job.job_id)] == list(range(2000))
+
+
 def test_a_job_id_the_database_cannot_keep_is_let_go_without_wedging(pg_store: ResultStore) -> None:
     bad = JobSpec("J" * 300, "noop", "normal", 1)
     good = JobSpec(str(uuid.uuid4()), "noop", "normal", 1)

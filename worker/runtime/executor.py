@@ -125,7 +125,7 @@ class Executor:
         metrics.batch_ran(write.record, report)
         for (pack, lo, hi), mine in zip(runs, indices, strict=True):
             write.extend(pack.delivery, mine, pack.ids_of(mine), report.outputs[lo:hi], report.errors[lo:hi])
-        log.info(
+        log.debug(  # per batch: at info level, 12.5% of a worker's samples under many small batches
             "batch %s/%s: %d items, tokens %d real / %d padded, oldest waited %.1f ms, ran %.1f ms",
             *(batch.model, batch.lane[1], len(batch.items), batch.real_tokens, batch.padded_tokens),
             *(batch.oldest_wait_s * 1000, run_ms),

@@ -49,6 +49,9 @@ class Storer:
         self.work: queue.SimpleQueue[StoreWork | None] = queue.SimpleQueue()
         self._failing_since: float | None = None
         self._stopping = threading.Event()
+        self._settling = threading.Lock()  # the writers count their outcomes off shared deliveries
+        # Writer threads: the store says how many it takes at once (a SQLite file takes one writer).
+        self.writers = max(1, getattr(store, "concurrent_writers", 1))
 
     def stalled_s(self) -> float:
         """How long every write has failed for (0 while the store makes progress)."""
@@ -61,20 +64,40 @@ class Storer:
         self.work.put(None)
 
     def loop(self) -> None:
-        """The thread's body; a None on ``work`` ends it once everything before it is stored."""
-        while (first := self.work.get()) is not None:
-            group, last = self._queued_with(first)
-            try:
-                self._store_each(group) if len(group) > 1 else self._store(group)
-            except Stopping:
-                log.warning(
-                    "stopping with %d writes not stored; their messages go back to the queue", len(group)
-                )
-                return
-            except Exception:  # a bug of ours: say so loudly, and keep storing what comes next
-                log.exception("could not store %d writes", len(group))
-            if last:
-                return
+        """The thread's body; a None on ``work`` ends it once everything before it is stored.
+
+        A store that takes concurrent writers (``writers``: PostgreSQL) gets a second writer thread beside
+        this one, each on its own connection, so that one group's statements run on the server while the
+        next group is sent; settling is one at a time (``_settle``). Measured on a busy 2-core box: see
+        bench/README.md, "The store's two writers"."""
+        helpers = [
+            threading.Thread(target=self._write, name=f"batchwork-store-{number}", daemon=True)
+            for number in range(2, self.writers + 1)
+        ]
+        for helper in helpers:
+            helper.start()
+        self._write()
+        for helper in helpers:
+            helper.join()
+
+    def _write(self) -> None:
+        """One writer: groups off ``work`` until the None, which it leaves there for the next writer."""
+        try:
+            while (first := self.work.get()) is not None:
+                group, last = self._queued_with(first)
+                try:
+                    self._store_each(group) if len(group) > 1 else self._store(group)
+                except Stopping:
+                    log.warning(
+                        "stopping with %d writes not stored; their messages go back to the queue", len(group)
+                    )
+                    return
+                except Exception:  # a bug of ours: say so loudly, and keep storing what comes next
+                    log.exception("could not store %d writes", len(group))
+                if last:
+                    return
+        finally:
+            self.work.put(None)
 
     def _store_each(self, group: list[StoreWork]) -> None:
         """Store ``group`` in one go; should that hit a bug of ours, store its parts one by one, so that the
@@ -208,7 +231,12 @@ class Storer:
 
     def _settle(self, write: Outcomes, new_jobs: list[str]) -> None:
         """Count the stored outcomes off their deliveries, a run (one message's consecutive outcomes) at a
-        time; acknowledge the deliveries that owe nothing more."""
+        time; acknowledge the deliveries that owe nothing more. One writer at a time: a message's items may
+        be stored by both."""
+        with self._settling:
+            self._settle_alone(write, new_jobs)
+
+    def _settle_alone(self, write: Outcomes, new_jobs: list[str]) -> None:
         metrics.items_stored(write)
         done: list[Delivery] = []
         released: Counter[JobSpec] = Counter()

@@ -110,6 +110,11 @@ def is_missing_schema(exc: BaseException) -> bool:
     )
 
 
+def is_duplicate_key(exc: BaseException) -> bool:
+    """A row with this key is stored already (PostgreSQL's unique violation)."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == "23505"
+
+
 def shown_url(url: str) -> str:
     """A database URL as it may appear in a message: without its password."""
     return make_url(url).render_as_string(hide_password=True)

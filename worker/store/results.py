@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import io
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, insert, inspect, select, text, update
+from sqlalchemy import Engine, inspect, select, text, update
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
 
 from worker.bounds import MAX_COUNT, is_job_id
 from worker.store import bulk, queries, rows, tables
-from worker.store.db import client_errors, make_engine, shown_url, single_reads
+from worker.store.db import client_errors, is_duplicate_key, make_engine, shown_url, single_reads
 from worker.store.values import (
     FINISHED_STATES,
     UNFINISHED_STATES,
@@ -53,7 +54,8 @@ RESULTS_PAGE_SIZE = 2000
 # Lines per page when PostgreSQL writes a job's results as NDJSON (result_lines): one text of a few MB.
 RESULT_LINES_PAGE_SIZE = 20_000
 _JOB = tables.jobs.c
-_INSERT_BATCH = insert(tables.batches).returning(tables.batches.c.id)
+# A worker's store threads on PostgreSQL (see concurrent_writers).
+CONCURRENT_WRITERS = 2
 
 
 class ResultStore:
@@ -65,6 +67,12 @@ class ResultStore:
         self.url = url or engine.url.render_as_string(hide_password=False)
         self._single_reads = single_reads(engine)
         self._schema_checked = False
+
+    @property
+    def concurrent_writers(self) -> int:
+        """How many threads of a worker may write batches at once to good effect: PostgreSQL runs one
+        transaction's statements while the next is sent (a SQLite file takes one writer at a time)."""
+        return CONCURRENT_WRITERS if self.engine.dialect.name == "postgresql" else 1
 
     @classmethod
     def from_url(cls, url: str) -> ResultStore:
@@ -171,7 +179,11 @@ class ResultStore:
         return self.write_batches([(record, outcomes, jobs)]).new_rows[0]
 
     def write_batches(self, batches: Sequence[BatchWrite]) -> Stored:
-        """Several batches as in ``write_batch``, in ONE transaction (small batches pay one commit)."""
+        """Several batches as in ``write_batch``, in ONE transaction (small batches pay one commit).
+
+        PostgreSQL first takes every outcome for new, which holds unless a message was redelivered: all the
+        batches' rows in one plain INSERT. Should one be stored already, that transaction fails as a whole
+        and is written again, each batch skipping what is stored (``bulk.insert_results``)."""
         specs: dict[str, JobSpec] = {}
         columns: list[ItemColumns] = []
         for _, outcomes, jobs in batches:
@@ -180,34 +192,48 @@ class ResultStore:
             rows.check_specs(given, mine)
             specs.update(mine)
             columns.append(given)
+        records = [record for record, _, _ in batches]
+        if self.engine.dialect.name == "postgresql":
+            try:
+                return self._write(records, columns, specs, fresh=True)
+            except IntegrityError as exc:
+                if not is_duplicate_key(exc):
+                    raise
+        return self._write(records, columns, specs, fresh=False)
+
+    def _write(
+        self,
+        records: list[BatchRecord | None],
+        columns: list[ItemColumns],
+        specs: dict[str, JobSpec],
+        *,
+        fresh: bool,
+    ) -> Stored:
         now = _utcnow()
-        counts: list[int] = []
-        inserted_all: bulk.Inserted = []
-        finals: list[TokenCount] = []
+        ordered = [specs[job_id] for job_id in sorted(specs)]
+        if fresh:
+            # Every row is new: a job row this write creates holds its counts and state from the start.
+            first_counts = [row for given in columns for row in bulk.counted(given)]
+            job_rows = rows.counted_job_rows(ordered, first_counts, now)
+        else:
+            job_rows = [rows.job_row(spec, now) for spec in ordered]
         with self.engine.begin() as conn:
-            new_jobs = bulk.insert_jobs(conn, [rows.job_row(specs[job_id], now) for job_id in sorted(specs)])
+            new_jobs = bulk.insert_jobs(conn, job_rows)
             refused, cancelled = queries.check_jobs(conn, [specs[j] for j in specs if j not in new_jobs])
-            for (record, _, _), given in zip(batches, columns, strict=True):
-                if refused:
-                    given = _without_jobs(given, refused)
-                if cancelled:
-                    # A worker may take a job's messages before it learns of the job's cancel (it asks once
-                    # a second, for the jobs it holds): whatever ran after the cancel committed is not kept.
-                    given = _as_cancelled(given, cancelled)
-                kept = rows.item_rows(given)
-                batch_id = (
-                    None if record is None else conn.execute(_INSERT_BATCH, asdict(record)).scalar_one()
-                )
-                inserted = bulk.insert_results(conn, kept, batch_id, now)
-                counts.append(sum(done + failed for _, done, failed in inserted))
-                inserted_all.extend(inserted)
-                finals += _token_counts(kept)
-            progress = rows.progress_by_job(inserted_all, now)
+            kept = [_kept(given, refused, cancelled) for given in columns]
+            batch_ids = bulk.insert_batches(conn, records)
+            inserted = bulk.insert_results(conn, kept, batch_ids, now, fresh=fresh)
+            counted = new_jobs if fresh else set()
+            progress = rows.progress_by_job(
+                [row for rows_of in inserted for row in rows_of if row[0] not in counted], now
+            )
             if len(progress) > 1 and conn.dialect.name == "postgresql":
                 conn.execute(rows.PROGRESS_OF_MANY, {"progress": progress, "now": now})
             elif progress:
                 conn.execute(rows.PROGRESS, progress)
+            finals = [count for items in kept for count in _token_counts(items)]
             bulk.upsert_generated_tokens(conn, rows.token_rows(finals, final=True, now=now))
+        counts = [sum(done + failed for _, done, failed in rows_of) for rows_of in inserted]
         return Stored(counts, frozenset(new_jobs), frozenset(refused))
 
     def record_tokens(self, counts: Sequence[TokenCount]) -> None:
@@ -352,6 +378,18 @@ class ResultStore:
         with client_errors(self.url):  # a file SQLite cannot use (read-only, a stale -wal) is one line
             migrate(self.url)
         self._schema_checked = True
+
+
+def _kept(given: ItemColumns, refused: Collection[str], cancelled: Collection[str]) -> ItemColumns:
+    """The rows of ``given`` to store, sorted (``rows.item_rows``): none of a refused job; a cancelled job's
+    outputs replaced by the error "cancelled"."""
+    if refused:
+        given = _without_jobs(given, refused)
+    if cancelled:
+        # A worker may take a job's messages before it learns of the job's cancel (it asks once a second, for
+        # the jobs it holds): whatever ran after the cancel committed is not kept.
+        given = _as_cancelled(given, cancelled)
+    return rows.item_rows(given)
 
 
 def _without_jobs(columns: ItemColumns, jobs: Collection[str]) -> ItemColumns:

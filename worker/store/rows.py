@@ -89,6 +89,38 @@ def job_row(spec: JobSpec, now: datetime, state: str = "queued") -> dict[str, An
     }
 
 
+def counted_job_rows(
+    specs: Iterable[JobSpec], counts: Iterable[tuple[str, int, int]], now: datetime
+) -> list[dict[str, Any]]:
+    """Job rows (as ``job_row``) to create with their first outcomes counted in: what PROGRESS makes of a
+    queued row, so that a job a write creates needs no UPDATE after (single-item calls: one job per item).
+    ``counts``: (job_id, done, failed), a job any number of times."""
+    done: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
+    for job_id, new_done, new_failed in counts:
+        done[job_id] += new_done
+        failed[job_id] += new_failed
+    found = []
+    for spec in specs:
+        row = {**job_row(spec, now), "started_at": None}
+        ok, bad = done[spec.job_id], failed[spec.job_id]
+        if ok + bad:
+            complete = ok + bad >= spec.total
+            row.update(state=_first_state(complete, ok, bad), done=ok, failed=bad, started_at=now)
+            row["finished_at"] = now if complete else None
+        found.append(row)
+    return found
+
+
+def _first_state(complete: bool, done: int, failed: int) -> str:
+    """A queued job's state once it has outcomes (as PROGRESS's CASE has it)."""
+    if not complete:
+        return "running"
+    if not failed:
+        return "succeeded"
+    return "failed" if not done else "partial"
+
+
 def item_rows(outcomes: ItemColumns) -> ItemColumns:
     """The rows sorted by job and index, so two workers writing overlapping jobs (redelivery) take
     PostgreSQL's row locks in the same order and cannot deadlock. A write of one message's items is sorted
