@@ -17,7 +17,7 @@ from itertools import repeat
 from typing import Any
 
 from worker.batching.policy import PRIORITIES
-from worker.bounds import MAX_COUNT, MAX_ITEM_ID_CHARS, check_text, is_count, is_job_id, unstorable
+from worker.bounds import MAX_COUNT, MAX_ITEM_ID_CHARS, all_storable, check_text, is_count, is_job_id
 from worker.models.base import InvalidInput, Model
 from worker.models.registry import model_class, shown
 from worker.settings import Settings
@@ -200,7 +200,7 @@ def _plain_ids(ids: list[Any]) -> list[str | None]:
     if int in kinds:
         ids = [ident if ident is None else str(ident) for ident in ids]
     present = [ident for ident in ids if ident is not None] if type(None) in kinds else ids
-    if max(map(len, present)) > MAX_ITEM_ID_CHARS or unstorable("\n".join(present)) is not None:
+    if max(map(len, present)) > MAX_ITEM_ID_CHARS or not all_storable(present):
         return []
     return ids
 
