@@ -13,6 +13,7 @@ never the body. A bad line anywhere refuses the whole body before anything is re
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -30,6 +31,8 @@ from worker.settings import Settings
 # A line holds one item of at most max_input_chars characters; JSON may spell a character in up to six
 # bytes (\uXXXX), plus the item's other fields. A longer line is refused before it fills memory.
 LINE_OVERHEAD_BYTES = 64 * 1024
+# A line, newline included, of nothing but what ``bytes.strip`` strips (ASCII whitespace), found in one scan.
+_BLANK_LINE = re.compile(rb"\n[ \t\r\x0b\x0c]*\n")  # the first line aside: a leading literal is scanned fast
 
 
 @dataclass(frozen=True)
@@ -62,9 +65,10 @@ def check_piece(piece: Piece, model: str, priority: str, settings: Settings) -> 
     lines = data.split(b"\n")
     if data.endswith(b"\n"):
         lines.pop()  # the piece's last newline ends its last line: no line follows it
-    raws = list(filter(bytes.strip, lines))  # blank lines are no items
+    blank = has_blank_line(data, lines)
+    raws = list(filter(bytes.strip, lines)) if blank else lines  # blank lines are no items
     numbers: Sequence[int] = range(piece.first_line, piece.first_line + len(lines))
-    if len(raws) < len(lines):
+    if blank:
         numbers = [number for number, raw in zip(numbers, lines, strict=True) if raw.strip()]
     if not raws or len(raws) > settings.max_items_per_job:
         return CheckedPiece(len(raws), [], priority)
@@ -80,18 +84,34 @@ def check_piece(piece: Piece, model: str, priority: str, settings: Settings) -> 
         return CheckedPiece(0, [], priority, error)
     return CheckedPiece(
         len(items),
-        part_ranges(piece.start, lines, settings.submit_chunk_size, len(raws) < len(lines)),
+        part_ranges(piece.start, lines, settings.submit_chunk_size, blank),
         call.priority,
     )
+
+
+def has_blank_line(data: bytes, lines: list[bytes]) -> bool:
+    """Whether a line of ``data`` (split into ``lines``, no line after its last newline) is blank, in one
+    scan: a Python test per line was a tenth of a piece's check."""
+    if not lines or not lines[0].strip() or not lines[-1].strip():
+        return bool(lines)
+    return _BLANK_LINE.search(data) is not None
 
 
 def part_ranges(start: int, lines: list[bytes], chunk_size: int, blank: bool = True) -> list[PartRange]:
     """The messages' parts of ``lines`` (whole lines of the file from byte ``start``, newlines taken off) as
     byte ranges: at most ``chunk_size`` items and about MAX_MESSAGE_BYTES each, cut at every blank line.
     ``blank``: whether any line may be blank."""
-    ends = list(accumulate(map(len, lines), lambda end, size: end + 1 + size, initial=start - 1))[1:]
-    if not blank and len(lines) <= chunk_size and ends[-1] - start <= MAX_MESSAGE_BYTES:
-        return [(0, start, ends[-1])]  # the common piece: one message's worth or less
+    sizes = list(accumulate(map(len, lines)))  # C: a Python step per line was half of a piece's check
+
+    def end(i: int) -> int:  # where line i ends: its bytes and the lines' and newlines' before it
+        return start + sizes[i] + i
+
+    if not blank and end(len(lines) - 1) - start <= MAX_MESSAGE_BYTES:  # the common piece: cut by count
+        return [
+            (first, end(first - 1) + 1 if first else start, end(min(first + chunk_size, len(lines)) - 1))
+            for first in range(0, len(lines), chunk_size)
+        ]
+    ends = list(map(end, range(len(lines))))
     ranges: list[PartRange] = []
     items = count = 0
     first: tuple[int, int] | None = None  # the part being cut: its first item's offset and its first byte

@@ -12,7 +12,7 @@ from fastapi import HTTPException
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.spool import NdjsonSpool, Piece, check_piece, part_ranges
+from api.spool import NdjsonSpool, Piece, check_piece, has_blank_line, part_ranges
 from worker.broker.producer import parts
 from worker.models.base import InvalidInput
 from worker.settings import Settings
@@ -110,3 +110,16 @@ def test_part_ranges_cut_lines_as_the_producer_cuts_items(sizes: list[int], chun
         expected += [(offset + at, joined) for at, joined in parts(0, run, chunk)]
         offset += len(run)
     assert [(at, data[first:end].replace(b"\n", b",")) for at, first, end in ranges] == expected
+    if lines and 0 not in sizes:  # no blank line: cut by count alone, the same parts
+        assert part_ranges(start, lines, chunk, blank=False) == ranges
+
+
+@given(
+    st.lists(st.sampled_from([b"", b" ", b"\r", b"\x0c", b"x", b" x", b'"a"\r']), max_size=6), st.booleans()
+)
+def test_blank_lines_are_found_in_one_scan(lines: list[bytes], newline: bool) -> None:
+    data = b"\n".join(lines) + (b"\n" if newline and lines else b"")
+    split = data.split(b"\n")
+    if data.endswith(b"\n"):
+        split.pop()
+    assert has_blank_line(data, split) == any(not line.strip() for line in split)
