@@ -103,15 +103,19 @@ def part_ranges(start: int, lines: list[bytes], chunk_size: int, blank: bool = T
     ``blank``: whether any line may be blank."""
     sizes = list(accumulate(map(len, lines)))  # C: a Python step per line was half of a piece's check
 
-    def end(i: int) -> int:  # where line i ends: its bytes and the lines' and newlines' before it
+    def line_end(i: int) -> int:  # where line i ends: its bytes and the lines' and newlines' before it
         return start + sizes[i] + i
 
-    if not blank and end(len(lines) - 1) - start <= MAX_MESSAGE_BYTES:  # the common piece: cut by count
+    if not blank and line_end(len(lines) - 1) - start <= MAX_MESSAGE_BYTES:  # the common piece: cut by count
         return [
-            (first, end(first - 1) + 1 if first else start, end(min(first + chunk_size, len(lines)) - 1))
+            (
+                first,
+                line_end(first - 1) + 1 if first else start,
+                line_end(min(first + chunk_size, len(lines)) - 1),
+            )
             for first in range(0, len(lines), chunk_size)
         ]
-    ends = list(map(end, range(len(lines))))
+    ends = list(map(line_end, range(len(lines))))
     ranges: list[PartRange] = []
     items = count = 0
     first: tuple[int, int] | None = None  # the part being cut: its first item's offset and its first byte

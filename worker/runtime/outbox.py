@@ -121,9 +121,9 @@ class Outbox:
             self.tick()
         finally:
             self._idle = True
-            qos = getattr(self._channel, "qos", None)
-            holding = qos.holding() if hasattr(qos, "holding") else True  # another QoS: keep the short tick
-            if holding or self._settled or self._events:
+            holding = getattr(getattr(self._channel, "qos", None), "holding", None)
+            # Another QoS (no ``holding``): the short tick, always.
+            if holding is None or holding() or self._settled or self._events:
                 self._idle = False
             self._timer = self._hub.call_later(IDLE_TICK_S if self._idle else TICK_S, self._tick_and_schedule)
 
