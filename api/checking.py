@@ -3,8 +3,9 @@ up to 8 by default), so one large upload parses and checks on every core while t
 thread of the API's own.
 
 Parsing and checking are Python for every line, and threads of one process share one interpreter lock. The
-processes start with the app (spawned, never forked from a process that runs threads) and take pieces of
-whole lines as bytes; only their verdicts and the lines' parts come back.
+processes start with the app (spawned, never forked from a process that runs threads) and take pieces as
+byte ranges of the body's temporary file, which they read themselves; only their verdicts and the messages'
+parts, as byte ranges, come back.
 """
 
 from __future__ import annotations

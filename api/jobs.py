@@ -41,12 +41,13 @@ JobId = Annotated[
     str, Path(description="a job id from POST /v1/jobs (a UUID)", json_schema_extra={"format": "uuid"})
 ]
 
-# NDJSON arrives in socket-sized pieces (~64 KiB); it is checked 256 KiB at a time (one hop to a checker
-# each, ~4,000 short lines): small enough that the checks of the body's end, which the answer waits for, are
-# short, large enough that a hop costs little beside its check.
+# NDJSON arrives in socket-sized pieces (~64 KiB), written to the body's file; it is checked 256 KiB at a
+# time (one hop to a checker each, naming a byte range of the file: ~4,000 short lines): small enough that
+# the checks of the body's end, which the answer waits for, are short, large enough that a hop costs little
+# beside its check.
 FEED_BYTES = 2**18
-# Pieces in flight per checking process: one being checked, one waiting in its pipe, so none idles while
-# the event loop spools a verdict.
+# Pieces in flight per checking process: one being checked, one waiting, so none idles while the event
+# loop spools a verdict.
 PIECES_PER_CHECKER = 2
 
 _SUBMIT_BODY = {
@@ -122,7 +123,7 @@ async def _submit_ndjson(
 ) -> JobStatus:
     await run_in_threadpool(limits.admit, served, tenant, 0)  # refuse before reading a large body
     expires_at = expiry(deadline_s)
-    with tempfile.TemporaryFile() as file:
+    with tempfile.NamedTemporaryFile(prefix="batchwork-body-") as file:  # named: the checks open it
         spool = NdjsonSpool(model, priority, served.settings, file)
         total = await _spool_body(request, spool, request.app.state.checker)
         return await run_in_threadpool(_publish_spool, served, tenant, spool, total, expires_at)

@@ -21,6 +21,7 @@ import httpx
 import orjson
 
 from bench import harness as h
+from tests.support.services import free_port
 
 MODEL = "noop"
 
@@ -31,7 +32,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="submits of each kind, alternating")
     p.add_argument("--pollers", type=int, default=50, help="concurrent GET /v1/jobs/{id} loops")
     p.add_argument("--polls", type=int, default=None, help="requests per poller (40; 300 with --auth)")
-    p.add_argument("--port", type=int, default=8765, help="--auth: lookup on PORT, no lookup on PORT+1")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=8765,
+        help="--auth: lookup on PORT, no lookup on PORT+1 (the submit bench takes a free port)",
+    )
     p.add_argument("--auth", default="", metavar="POLLERS", help="instead: the key lookup's cost (e.g. 1,16)")
     p.add_argument("--rounds", type=int, default=3, help="--auth: rounds, alternating")
     p.add_argument("--serve", choices=("lookup", "no-lookup"), help=argparse.SUPPRESS)
@@ -63,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "api_max_tenant_items": str(args.items * (args.repeats + 1)),
             "api_max_queue_depth": "1000000",
         }
+        args.port = free_port()  # two benches at once (or one just ended) must not meet on one port
         api = h.api(found, args.port, **limits)
         api.wait_ready()
         job_id = submit_section(args, f"http://127.0.0.1:{args.port}", key, api)

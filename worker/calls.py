@@ -17,7 +17,7 @@ from itertools import repeat
 from typing import Any
 
 from worker.batching.policy import PRIORITIES
-from worker.bounds import MAX_COUNT, MAX_ITEM_ID_CHARS, check_text, is_count, is_job_id
+from worker.bounds import MAX_COUNT, MAX_ITEM_ID_CHARS, all_storable, check_text, is_count, is_job_id
 from worker.models.base import InvalidInput, Model
 from worker.models.registry import model_class, shown
 from worker.settings import Settings
@@ -30,6 +30,7 @@ __all__ = [
     "check_items",
     "job_id_of",
     "new_call",
+    "plain_items",
 ]
 
 TASK_NAME = "batchwork.infer"
@@ -144,28 +145,41 @@ def parse_message(task_id: str, kwargs: object, settings: Settings) -> InferCall
 def check_items(call: InferCall, settings: Settings) -> None:
     """Raise InvalidInput naming the first item the model cannot take (producer side)."""
     cls = model_class(call.model, settings)
-    if plain_texts(cls, call.inputs, settings) is not None:
+    if plain_items(cls, call.inputs, settings) is not None:
         return
     for position, item in enumerate(call.inputs):
         check_item(cls, call.offset + position, item, settings)
 
 
 def plain_texts(cls: type[Model], items: Sequence[object], settings: Settings) -> list[str] | None:
-    """What the default check (``Model.validate``) makes of every item, checked a list at a time, where all
-    items are texts it takes as they are: strings, or objects with a string ``text`` and no ``id``. None
-    where the model checks items its own way or any item is another shape or wrong: then each item is
-    checked alone (``check_item``), which names the first mistake.
+    """``plain_items``' texts, where no item has an id (None otherwise)."""
+    plain = plain_items(cls, items, settings)
+    return plain[0] if plain is not None and plain[1] is None else None
+
+
+def plain_items(
+    cls: type[Model], items: Sequence[object], settings: Settings
+) -> tuple[list[str], list[str | None] | None] | None:
+    """What the default check (``Model.validate``) and ``item_id`` make of every item, checked a list at a
+    time, where all items are texts it takes as they are: strings, or objects with a string ``text`` and an
+    ``id`` that is absent, null, a string or an integer. The texts, and the user ids (None where no item has
+    one). None where the model checks items its own way or any item is another shape or wrong: then each
+    item is checked alone (``check_item``), which names the first mistake.
 
     The same outcome as ``check_item`` on each, in loops that run in C: the per-item check was most of a
-    noop worker's intake and of ``submit``'s own time."""
+    noop worker's intake, of ``submit``'s own time and of the API's checks of an NDJSON body."""
     if getattr(cls.validate, "__func__", None) is not _DEFAULT_VALIDATE or not items:
         return None
     kinds = set(map(type, items))
     texts: list[Any]
+    ids: list[Any] | None = None
     if kinds == {dict}:
         texts = list(map(dict.get, items, repeat("text")))  # type: ignore[arg-type]
+        if set(map(type, texts)) != {str}:
+            return None
         ids = list(map(dict.get, items, repeat("id")))  # type: ignore[arg-type]
-        if set(map(type, texts)) != {str} or ids.count(None) != len(ids):
+        ids = _plain_ids(ids) if ids.count(None) != len(ids) else None
+        if ids == []:
             return None
     elif kinds == {str}:
         texts = items if isinstance(items, list) else list(items)
@@ -174,7 +188,21 @@ def plain_texts(cls: type[Model], items: Sequence[object], settings: Settings) -
     # An empty text, or one of whitespace alone, is refused (``not text.strip()`` in ``text_of``).
     if "" in texts or any(map(str.isspace, texts)) or max(map(len, texts)) > settings.max_input_chars:
         return None
-    return texts
+    return texts, ids
+
+
+def _plain_ids(ids: list[Any]) -> list[str | None]:
+    """``item_id``'s ids of a list at a time (strings, integers, None), or [] where any would be refused
+    (another type, too long, a character no column stores): then each item is checked alone."""
+    kinds = set(map(type, ids))
+    if not kinds <= {str, int, type(None)}:  # bool, float, ...: item_id names the item
+        return []
+    if int in kinds:
+        ids = [ident if ident is None else str(ident) for ident in ids]
+    present = [ident for ident in ids if ident is not None] if type(None) in kinds else ids
+    if max(map(len, present)) > MAX_ITEM_ID_CHARS or not all_storable(present):
+        return []
+    return ids
 
 
 def check_item(cls: type[Model], index: int, item: object, settings: Settings) -> tuple[Any, str | None]:

@@ -12,7 +12,8 @@ from fastapi import HTTPException
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.spool import NdjsonSpool, Piece, check_piece
+from api.spool import NdjsonSpool, Piece, check_piece, has_blank_line, part_ranges
+from worker.broker.producer import parts
 from worker.models.base import InvalidInput
 from worker.settings import Settings
 
@@ -21,7 +22,7 @@ SETTINGS = Settings(submit_chunk_size=7, max_items_per_job=50, max_input_chars=1
 
 def spooled(pieces: list[bytes], settings: Settings = SETTINGS) -> list[list[object]]:
     """The items of each message the spool would publish, checking the parts' offsets on the way."""
-    with tempfile.TemporaryFile() as file:
+    with tempfile.NamedTemporaryFile() as file:
         spool = NdjsonSpool("noop", "bulk", settings, file)
         for data in pieces:
             add(spool, spool.piece(data))
@@ -55,7 +56,7 @@ def test_every_item_is_published_once_in_order_wherever_the_body_is_cut(count: i
 
 def test_lines_are_published_as_they_came_crlf_and_spacing_included() -> None:
     body = b'{"text": "a",  "id": "x"}\r\n  "b"\t\n'
-    with tempfile.TemporaryFile() as file:
+    with tempfile.NamedTemporaryFile() as file:
         spool = NdjsonSpool("noop", "normal", SETTINGS, file)
         add(spool, spool.piece(body))
         spool.finish()
@@ -89,3 +90,36 @@ def test_too_many_items_is_429_and_an_endless_line_is_refused_before_it_fills_me
     assert refused.value.status_code == 429
     with pytest.raises(InvalidInput, match="line 2: over"):
         spooled([b'"x"\n"', b"y" * 70_000])
+
+
+@given(
+    sizes=st.lists(st.integers(0, 6), max_size=30),
+    chunk=st.integers(1, 5),
+    start=st.integers(0, 9),
+)
+def test_part_ranges_cut_lines_as_the_producer_cuts_items(sizes: list[int], chunk: int, start: int) -> None:
+    # A size 0 is a blank line: it ends a part and is no item. Otherwise the parts are the producer's own.
+    lines = [b"x" * size for size in sizes]
+    data = b"#" * start + b"\n".join(lines)
+    ranges = part_ranges(start, lines, chunk)
+    runs: list[list[bytes]] = [[]]
+    for line in lines:
+        runs[-1].append(line) if line else runs.append([])
+    expected, offset = [], 0
+    for run in filter(None, runs):
+        expected += [(offset + at, joined) for at, joined in parts(0, run, chunk)]
+        offset += len(run)
+    assert [(at, data[first:end].replace(b"\n", b",")) for at, first, end in ranges] == expected
+    if lines and 0 not in sizes:  # no blank line: cut by count alone, the same parts
+        assert part_ranges(start, lines, chunk, blank=False) == ranges
+
+
+@given(
+    st.lists(st.sampled_from([b"", b" ", b"\r", b"\x0c", b"x", b" x", b'"a"\r']), max_size=6), st.booleans()
+)
+def test_blank_lines_are_found_in_one_scan(lines: list[bytes], newline: bool) -> None:
+    data = b"\n".join(lines) + (b"\n" if newline and lines else b"")
+    split = data.split(b"\n")
+    if data.endswith(b"\n"):
+        split.pop()
+    assert has_blank_line(data, split) == any(not line.strip() for line in split)

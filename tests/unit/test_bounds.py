@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from worker.bounds import (
     MAX_COUNT,
     MAX_JSON_DEPTH,
+    all_storable,
     check_json,
     check_text,
     is_count,
@@ -131,3 +132,8 @@ def _texts(value: object) -> list[str]:
     if isinstance(value, list):
         return [t for v in value for t in _texts(v)]
     return []
+
+
+@given(st.lists(st.text(st.sampled_from(["a", "\x00", "\ud800", "\udfff", "\ue000", "\n"]), max_size=4)))
+def test_texts_storable_at_once_agree_with_each_alone(texts: list[str]) -> None:
+    assert all_storable(texts) == all(unstorable(text) is None for text in texts)

@@ -17,6 +17,7 @@ from worker.calls import (
     job_id_of,
     new_call,
     parse_message,
+    plain_items,
     plain_texts,
 )
 from worker.client import ORDER_WINDOW_CHUNKS, length_order
@@ -225,3 +226,47 @@ def test_texts_of_a_model_with_its_own_check_are_checked_item_by_item() -> None:
     assert plain_texts(Strict, ["a", "b"], SETTINGS) is None
     assert plain_texts(Noop, ["a", {"text": "b"}], SETTINGS) is None  # mixed shapes: item by item
     assert plain_texts(Noop, [{"text": "a"}, {"text": "b"}], SETTINGS) == ["a", "b"]
+
+
+ITEM_WITH_ID = st.fixed_dictionaries(
+    {"text": st.sampled_from(["a", "", " ", "x" * 51])},
+    optional={
+        "id": st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(min_value=-(2**70), max_value=2**70),
+            st.text(max_size=3),
+            st.sampled_from(["x" * 200, "x" * 201, "a\x00", "\ud800"]),
+            st.floats(allow_nan=False),
+        )
+    },
+)
+
+
+@given(st.lists(ITEM_WITH_ID, max_size=8))
+def test_items_with_ids_checked_a_list_at_a_time_agree_with_checking_each_alone(items: list[object]) -> None:
+    # As the texts above, with the user ids that item_id makes of each item (None where none has one).
+    plain = plain_items(Noop, items, SETTINGS)
+    try:
+        each = [check_item(Noop, index, item, SETTINGS) for index, item in enumerate(items)]
+    except InvalidInput:
+        each = None
+    if plain is not None:
+        assert each is not None
+        texts, ids = plain
+        assert texts == [text for text, _ in each]
+        assert (ids or [None] * len(items)) == [ident for _, ident in each]
+
+
+def test_plain_items_carry_ids_and_decline_what_item_id_refuses() -> None:
+    assert plain_items(Noop, [{"text": "a", "id": 7}, {"text": "b", "id": "x"}], SETTINGS) == (
+        ["a", "b"],
+        ["7", "x"],
+    )
+    assert plain_items(Noop, [{"text": "a", "id": None}, {"text": "b"}], SETTINGS) == (["a", "b"], None)
+    assert plain_items(Noop, [{"text": "a", "id": None}, {"text": "b", "id": 1}], SETTINGS) == (
+        ["a", "b"],
+        [None, "1"],
+    )
+    for bad in (True, 1.5, "x" * 201, "a\x00"):
+        assert plain_items(Noop, [{"text": "a", "id": bad}], SETTINGS) is None

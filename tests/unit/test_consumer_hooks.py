@@ -10,7 +10,7 @@ import pytest
 
 from worker.calls import InferCall
 from worker.runtime.deliveries import Delivery, Holdings
-from worker.runtime.outbox import IntakeThrottle, LeaseRenewal, Outbox, Settled
+from worker.runtime.outbox import IDLE_TICK_S, TICK_S, IntakeThrottle, LeaseRenewal, Outbox, Settled
 
 QUEUES = {"q.normal": "normal", "q.bulk": "bulk"}
 
@@ -32,6 +32,10 @@ class FakeMessage:
 class FakeQoS:
     def __init__(self) -> None:
         self.calls: list[dict[str, list[str]]] = []
+        self.held = False
+
+    def holding(self) -> bool:
+        return self.held
 
     def ack_many(self, tags: list[str], lost_ids: list[str], jobs: list[str]) -> None:
         self.calls.append({"tags": list(tags), "lost_ids": list(lost_ids), "jobs": list(jobs)})
@@ -46,13 +50,33 @@ class FakeChannel:
         self.renewed.append(tags)
 
 
+class FakeTimer:
+    def __init__(self, delay: float, callback: Any) -> None:
+        self.delay, self.callback, self.cancelled = delay, callback, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
 class FakeHub:
     def __init__(self) -> None:
-        self.timers: list[tuple[float, Any]] = []
+        self.timers: list[FakeTimer] = []
+        self.soon: list[Any] = []
 
-    def call_repeatedly(self, interval: float, callback: Any) -> Any:
-        self.timers.append((interval, callback))
-        return self
+    def call_later(self, delay: float, callback: Any) -> FakeTimer:
+        self.timers.append(FakeTimer(delay, callback))
+        return self.timers[-1]
+
+    def call_soon(self, callback: Any) -> None:
+        self.soon.append(callback)
+
+    def fire(self) -> float:
+        """Run the one pending timer; the delay of the next."""
+        pending = [timer for timer in self.timers if not timer.cancelled]
+        assert len(pending) == 1
+        self.timers.remove(pending[0])
+        pending[0].callback()
+        return self.timers[-1].delay
 
 
 class FakeDispatcher:
@@ -88,6 +112,23 @@ def test_the_outbox_acks_everything_settled_since_the_last_tick_in_one_call() ->
     assert dispatcher.sent == [("task-succeeded", {"uuid": "task-1", "runtime": 0.1})]
     outbox.tick()
     assert len(channel.qos.calls) == 1  # nothing is acked twice
+
+
+def test_the_outbox_ticks_often_only_while_messages_are_held_or_work_waits() -> None:
+    outbox, channel, hub = Outbox(), FakeChannel(), FakeHub()
+    outbox.attach(hub, channel, lambda: None)
+    assert hub.fire() == IDLE_TICK_S  # nothing held, nothing waiting
+    channel.qos.held = True  # a fetch delivered messages: their acks come soon
+    assert hub.fire() == TICK_S
+    channel.qos.held = False
+    assert hub.fire() == IDLE_TICK_S
+    outbox.settle(Settled([delivery("1")]))  # from another thread, while the tick is far: woken at once
+    assert len(hub.soon) == 1
+    outbox.event("task-succeeded", delivery("1"))
+    assert len(hub.soon) == 1  # one wake-up is enough
+    hub.soon.pop()()
+    assert channel.qos.calls[0]["tags"] == ["1"]
+    assert [timer.delay for timer in hub.timers if not timer.cancelled] == [IDLE_TICK_S]
 
 
 def test_without_an_event_loop_the_outbox_acks_at_once() -> None:

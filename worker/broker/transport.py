@@ -32,9 +32,13 @@ log = logging.getLogger(__name__)
 
 # Messages taken per round trip at most (and never more than the prefetch window has room for).
 FETCH_LIMIT = 256
-# With nothing waiting, the fetch backs off from 1 ms, doubling, to this; a message arriving into an idle
-# worker waits at most this long in Redis. An idle worker costs Redis a trivial script this often.
+# With nothing waiting, the fetch backs off from 1 ms, doubling, to this while the worker holds messages
+# (its items run: more may come behind them).
 IDLE_FETCH_S = 0.02
+# ... and to this while it holds none: a message arriving into an idle worker waits at most this long in
+# Redis, and an idle worker costs Redis a trivial script, and itself a turn of its loop, this often (at
+# IDLE_FETCH_S the idle fetch was most of an idle worker's CPU).
+EMPTY_FETCH_S = 0.1
 # A worker holding all it may (prefetch window or intake throttle) checks again this often, no round trip:
 # the outbox's tick (5 ms), whose acks release what it holds.
 HELD_BACK_FETCH_S = 0.005
@@ -235,11 +239,12 @@ class Fetcher:
             self._timer.cancel()
 
     def tick(self) -> None:
-        taken, held_back = 0, False
+        taken, held_back, holding = 0, False, False
         try:
             for channel in self.cycle.served_channels():
                 if not channel.active_queues:
                     continue
+                holding = holding or channel.qos.holding()
                 if channel.qos.can_consume():
                     taken += channel.fetch()
                     held_back = held_back or channel.held_back
@@ -256,5 +261,5 @@ class Fetcher:
             # must not sleep the idle backoff just when its items run low (the throttle resumes).
             self.idle_s = HELD_BACK_FETCH_S
         else:
-            self.idle_s = min(IDLE_FETCH_S, max(0.001, self.idle_s * 2))
+            self.idle_s = min(IDLE_FETCH_S if holding else EMPTY_FETCH_S, max(0.001, self.idle_s * 2))
         self.schedule(self.idle_s)

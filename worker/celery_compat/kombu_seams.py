@@ -4,7 +4,7 @@ the new version (contract tests: tests/unit/test_celery_compat.py, pinned to pyp
 - The Redis transport (worker/broker/transport.py builds on these classes): ``Channel._brpop_start`` and
   ``MultiChannelPoller._register_BRPOP`` silenced, ``Channel._create_client`` shared, the poller's
   ``_channels`` walked, ``Transport.cycle`` replaced, ``Connection._deliver`` called, ``QoS._delivered`` /
-  ``QoS._flush`` and ``virtual.QoS.append`` / ``.ack`` reached past the Redis QoS.
+  ``QoS._dirty`` / ``QoS._flush`` and ``virtual.QoS.append`` / ``.ack`` reached past the Redis QoS.
 - The event loop: ``Hub.fire_timers``' one-second ``min_delay`` after a busy turn.
 - Messages: ``Message._state``, marked ``"ACK"`` for messages acked many at a time.
 - Serializers: ``registry.type_to_name``, restored after an encoder of our own registers for JSON.
@@ -40,6 +40,12 @@ class HeldQoS(kombu_redis.QoS):
     def forget_in_memory(self, delivery_tag: str) -> None:
         """Forget a message once Redis has (acked or handed back in one round trip for many)."""
         kombu_redis.virtual.QoS.ack(self, delivery_tag)
+
+    def holding(self) -> bool:
+        """Whether any delivered message is not acknowledged yet: its acks and events are still to come, so
+        the worker's timers keep their short periods (``can_consume`` counts the same way: delivered
+        messages less those acked since the last flush)."""
+        return len(self._delivered) > len(self._dirty)
 
     def take_all_held(self) -> list[str]:
         """The delivery tags of every message still held, forgotten here (a channel closing)."""

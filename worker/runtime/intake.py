@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from worker.batching.scheduler import Item
-from worker.calls import InferCall, check_item, item_id, parse_message, plain_texts
+from worker.calls import InferCall, check_item, item_id, parse_message, plain_items
 from worker.errors import InvalidInput
 from worker.models.base import Model, StepModel
 from worker.runtime.deliveries import Delivery, Outcomes, Pack, Refusal
@@ -152,11 +152,11 @@ class Intake:
         call = delivery.call
         assert call is not None
         every = len(positions) == len(call.inputs)
-        texts = plain_texts(
+        plain = plain_items(
             type(model), call.inputs if every else [call.inputs[p] for p in positions], self.settings
         )
-        if texts is not None:  # all plain texts: checked a message at a time, no item has an id
-            return positions, texts, [None] * len(positions), Outcomes()
+        if plain is not None:  # all plain texts: checked a message at a time, ids included
+            return positions, plain[0], plain[1] or [None] * len(positions), Outcomes()
         valid, checked, ids, errors = [], [], [], Outcomes()
         cls, settings, offset, inputs, indices = (
             type(model),

@@ -1,4 +1,4 @@
-"""What runs on the consumer's own thread, on a 5 ms loop timer: acks, task events, leases, intake throttling.
+"""What runs on the consumer's own thread, on a loop timer: acks, task events, leases, intake throttling.
 
 kombu channels (and Celery's event dispatcher) belong to the consumer's thread; the engine's threads put
 work in the outbox instead of touching them. One tick acknowledges everything stored since the last in one
@@ -25,7 +25,12 @@ from worker.runtime.deliveries import Delivery, Holdings
 
 log = logging.getLogger(__name__)
 
+# The tick's period while the worker holds messages or acks and events wait: how long a stored message
+# waits for its ack.
 TICK_S = 0.005
+# ... and while it holds nothing: an idle worker's outbox wakes this often (for its lease renewal and
+# hooks), not 200 times a second. Work put in the outbox meanwhile wakes it at once (``Hub.call_soon``).
+IDLE_TICK_S = 0.25
 # How often the fetch throttle reads its held-items goal again.
 GOAL_REFRESH_S = 1.0
 # Task events published in one message at most (Flower reads such a list as it reads single events).
@@ -58,8 +63,9 @@ class Settled:
 class Outbox:
     """Acks and events from any thread, carried out on the consumer's thread by ``tick``.
 
-    With an event loop (Redis) they wait for the 5 ms tick, which also keeps the loop from sleeping long.
-    Without one (the in-memory broker of the embedded run) acking and sending in place is safe and immediate.
+    With an event loop (Redis) they wait for the tick: every TICK_S while the channel holds messages or work
+    waits here, else every IDLE_TICK_S, and woken at once by new work. Without an event loop (the in-memory
+    broker of the embedded run) acking and sending in place is safe and immediate.
     """
 
     def __init__(self, events: Any = None) -> None:
@@ -71,6 +77,7 @@ class Outbox:
         self._dispatcher: Callable[[], Any] | None = None
         self.on_tick: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+        self._idle = False  # the next tick is IDLE_TICK_S away: new work wakes the loop
 
     def attach(self, hub: Any, channel: Any, dispatcher: Callable[[], Any]) -> None:
         """(Re)start with the consumer: a reconnect clears the loop's timers and brings a new channel."""
@@ -80,21 +87,45 @@ class Outbox:
         if self._timer is not None:
             self._timer.cancel()
         self._hub = hub
-        self._timer = hub.call_repeatedly(TICK_S, self.tick)
+        self._idle = False
+        self._timer = hub.call_later(0, self._tick_and_schedule)
 
     # -- from any thread ------------------------------------------------------------------
 
     def settle(self, settled: Settled) -> None:
         self._settled.append(settled)
-        if self._hub is None:
-            self.flush()
+        self._added()
 
     def event(self, kind: str, delivery: Delivery, **fields: Any) -> None:
         self._events.append((kind, delivery, fields))
+        self._added()
+
+    def _added(self) -> None:
+        # Read after the append: an idle tick sets ``_idle`` before it looks at the deques, so either it
+        # sees this work or this sees ``_idle`` and wakes it.
         if self._hub is None:
             self.flush()
+        elif self._idle:
+            self._idle = False
+            self._hub.call_soon(self._wake)
 
     # -- on the consumer's thread ----------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._tick_and_schedule()
+
+    def _tick_and_schedule(self) -> None:
+        try:
+            self.tick()
+        finally:
+            self._idle = True
+            holding = getattr(getattr(self._channel, "qos", None), "holding", None)
+            # Another QoS (no ``holding``): the short tick, always.
+            if holding is None or holding() or self._settled or self._events:
+                self._idle = False
+            self._timer = self._hub.call_later(IDLE_TICK_S if self._idle else TICK_S, self._tick_and_schedule)
 
     def tick(self) -> None:
         self.flush()
