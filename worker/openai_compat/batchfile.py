@@ -87,7 +87,7 @@ def plan_batch(
     seen: set[str] = set()
     classes: dict[tuple[str, str], Any] = {}
     number = 0
-    with _collection_paused():
+    with collection_paused():
         for number, raw in enumerate(lines, start=1):
             if not raw or raw.isspace():
                 continue
@@ -116,7 +116,7 @@ def plan_batch(
 
 
 @contextmanager
-def _collection_paused() -> Iterator[None]:
+def collection_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused while a file is read or its answers are made: its lines become
     hundreds of thousands of objects (and no cycles), and the full collections that so many allocations set
     off once took half of the time of checking a file, and of writing answers in an API process that holds
@@ -247,7 +247,7 @@ def answer_range(
     key = batch_key(batch_id)
     rest = iter(taken)
     while chunk := list(islice(rest, ANSWER_CHUNK_LINES)):
-        with _collection_paused():
+        with collection_paused():
             results = [cursors[line.request.model].take(len(line.request.items), missing) for line in chunk]
             tokens = _count_chunk(chunk, count_tokens)
             answers = [
