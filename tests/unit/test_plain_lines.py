@@ -9,9 +9,11 @@ import orjson
 import pytest
 
 from api.uploads import checked_plan, file_lines
-from worker.openai_compat.batchfile import BatchPlan, plan_batch
+from worker.openai_compat import batchfile
+from worker.openai_compat.batchfile import Answer, BatchPlan, answer_range, plan_batch
 from worker.openai_compat.plain_lines import plain_plan
 from worker.openai_compat.requests import EMBEDDINGS
+from worker.openai_compat.responses import RawJson
 from worker.openai_compat.tokens import detokenize
 from worker.settings import Settings
 
@@ -109,3 +111,26 @@ def test_a_file_over_the_items_limit_fails_as_line_by_line() -> None:
     data = b"\n".join(plain(4))
     assert plain_plan(data, EMBEDDINGS, settings) is None
     assert checked_plan(data, EMBEDDINGS, settings).errors[0].code == "too_many_requests"
+
+
+@pytest.mark.parametrize("count_tokens", [None, lambda model, texts: [len(text) for text in texts]])
+def test_plain_lines_are_answered_in_bulk_as_line_by_line(
+    monkeypatch: pytest.MonkeyPatch, count_tokens: Any
+) -> None:
+    plan = plain_plan(b"\n".join(plain(2500) + [line('q"\\u00e9', "noop", "x")]), EMBEDDINGS, SETTINGS)
+    assert plan is not None
+    stored: list[tuple[int, Any, str | None]] = [
+        (i, RawJson("[0.5,-1.0]") if i % 3 else RawJson(b"0"), None) for i in range(2501) if i % 997
+    ]
+    stored[5] = (stored[5][0], None, "invalid input: no")
+    stored[7] = (stored[7][0], [0.25, 0.5], None)
+
+    def answers() -> list[Answer]:
+        return list(
+            answer_range(plan.lines[3:], {"noop": iter(stored)}, "batch_1", "cancelled", count_tokens)
+        )
+
+    bulk = answers()
+    monkeypatch.setattr(batchfile, "_plain_model", lambda chunk: None)
+    assert bulk == answers()
+    assert sum(not answer.ok for answer in bulk) == 3  # items 997 and 1994 missing, and the error
