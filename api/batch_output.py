@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Text, cast, select
+from sqlalchemy import Text, cast, func, select
 
 from worker.openai_compat.batchfile import BatchLine, BatchPlan, Counter, answer_range
 from worker.openai_compat.responses import RawJson
@@ -117,14 +117,20 @@ class OutputWriter:
     def _stored_through(self, job_id: str, start: int) -> int:
         """The item index after the run of stored outcomes from ``start`` (``start`` if it has none)."""
         column = tables.results.c
-        query = (
-            select(column.item_index)
-            .where(column.job_id == job_id, column.item_index >= start)
-            .order_by(column.item_index)
-            .limit(APPEND_ITEMS)
+        window = (
+            column.job_id == job_id,
+            column.item_index >= start,
+            column.item_index < start + APPEND_ITEMS,
         )
         with client_errors(self.files.url), self.files.engine.connect() as conn:
-            indices = list(conn.scalars(query))
+            # Counted first (this runs at every poll while the jobs run): indices are unique, so a count
+            # that reaches the highest one means no gap, and no index needs to leave the database.
+            count, highest = conn.execute(
+                select(func.count(), func.max(column.item_index)).where(*window)
+            ).one()
+            if not count or highest == start + count - 1:
+                return start + count
+            indices = list(conn.scalars(select(column.item_index).where(*window).order_by(column.item_index)))
         if not indices or indices[0] != start:
             return start
         if indices[-1] == start + len(indices) - 1:  # indices are unique: no gap
