@@ -152,9 +152,10 @@ class BatchRunner:
         if record is None:
             return None
         plan = self.uploads.plan(file_id, endpoint)
+        data = self.uploads.data(file_id)
+        self.uploads.drop(file_id)  # used once: the batch keeps its plan (another batch reads the store)
         if plan is not None:
             return plan
-        data = self.uploads.data(file_id)
         if data is None and record.bytes <= CACHED_BYTES:
             data = b"".join(self.files.content(file_id))
         if data is not None:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from worker.settings import Settings
 
 CACHED_BYTES = 32 * 2**20  # uploads up to this size are kept here and checked as they are stored
-KEPT_UPLOADS = 4  # the most recent ones (a batch is usually made of a file just uploaded)
+KEPT_UPLOADS = 2  # the most recent ones (a batch is usually made of the file just uploaded)
 _BOM = b"\xef\xbb\xbf"
 
 
