@@ -25,6 +25,7 @@ from typing import Any
 
 from api.backend import Backend
 from api.batch_output import Cursor, LeaseLost, OutputWriter
+from api.uploads import CACHED_BYTES, UploadCache, checked_plan
 from worker.calls import InferCall
 from worker.errors import DatabaseUnavailable
 from worker.models.registry import model_class
@@ -59,10 +60,11 @@ def unix(moment: datetime | None) -> int | None:
 class BatchRunner:
     """A thread that advances every batch whose lease is free, every POLL_S (at once after a ``kick``)."""
 
-    def __init__(self, served: Backend, files: FileStore, batches: BatchStore) -> None:
+    def __init__(self, served: Backend, files: FileStore, batches: BatchStore, uploads: UploadCache) -> None:
         self.served = served
         self.files = files
         self.batches = batches
+        self.uploads = uploads
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:64]
         # The plan of each batch this process writes the output of (one that takes over a batch, or has
         # forgotten its plan, reads the file again).
@@ -143,10 +145,22 @@ class BatchRunner:
         self._plans[batch_id] = plan
 
     def plan(self, row: dict[str, Any], check: bool = True) -> BatchPlan | None:
-        if self.files.get(row["input_file_id"], [row["tenant"]]) is None:
+        """The input file's plan (None if the file is gone): checked as it was uploaded to this process, or
+        read back from the store and checked now (a small file whole, in one pass if its lines are plain)."""
+        file_id, endpoint, settings = row["input_file_id"], row["endpoint"], self.served.settings
+        record = self.files.get(file_id, [row["tenant"]])
+        if record is None:
             return None
-        lines = self.files.lines(row["input_file_id"])
-        return plan_batch(lines, row["endpoint"], self.served.settings, detokenize, check)
+        plan = self.uploads.plan(file_id, endpoint)
+        data = self.uploads.data(file_id)
+        self.uploads.drop(file_id)  # used once: the batch keeps its plan (another batch reads the store)
+        if plan is not None:
+            return plan
+        if data is None and record.bytes <= CACHED_BYTES:
+            data = b"".join(self.files.content(file_id))
+        if data is not None:
+            return checked_plan(data, endpoint, settings, check)
+        return plan_batch(self.files.lines(file_id), endpoint, settings, detokenize, check)
 
     def _validate(self, row: dict[str, Any]) -> None:
         batch_id = row["id"]

@@ -37,6 +37,7 @@ from api.openai_schemas import (
     RequestCounts,
 )
 from api.schemas import error_responses
+from api.uploads import CACHED_BYTES, UploadCache
 from worker.calls import InferCall
 from worker.models.registry import model_class
 from worker.openai_compat.requests import EMBEDDINGS, RequestError, parse_request
@@ -69,7 +70,8 @@ class OpenAISurface:
         self.served = served
         self.files = FileStore(store.engine, store.url)
         self.batches = BatchStore(store.engine, store.url)
-        self.runner = BatchRunner(served, self.files, self.batches)
+        self.uploads = UploadCache(served.settings)
+        self.runner = BatchRunner(served, self.files, self.batches, self.uploads)
         self.waiter = ResultWaiter(store)
 
     def start(self) -> None:
@@ -77,6 +79,7 @@ class OpenAISurface:
 
     def close(self) -> None:
         self.runner.close()
+        self.uploads.close()
 
 
 def surface(request: Request) -> OpenAISurface:
@@ -105,12 +108,28 @@ async def upload_file(
         raise HTTPException(413, _file_too_large(settings.api_max_file_bytes))
     name = "".join(c for c in (file.filename or "") if c.isprintable())[:255] or "upload.jsonl"
     record = FileRecord(f"file-{uuid.uuid4().hex}", key.tenant, name, "batch", 0, utcnow())
-    stored = await run_in_threadpool(oai.files.create, record, _read(file.file, settings.api_max_file_bytes))
+    stored = await run_in_threadpool(_store, oai, record, file.file, settings.api_max_file_bytes)
     return file_object(stored)
 
 
-def _read(handle: Any, limit: int) -> Iterator[bytes]:
-    total = 0
+def _store(oai: OpenAISurface, record: FileRecord, handle: Any, limit: int) -> FileRecord:
+    """Write the upload to the store; a small one is also kept here, its check begun meanwhile."""
+    head = handle.read(min(limit, CACHED_BYTES) + 1)
+    if len(head) > CACHED_BYTES or len(head) > limit:  # large: streamed to the store, checked later
+        return oai.files.create(record, _read(handle, limit, head))
+    oai.uploads.put(record.id, head)
+    try:
+        return oai.files.create(record, [head])
+    except BaseException:
+        oai.uploads.drop(record.id)
+        raise
+
+
+def _read(handle: Any, limit: int, head: bytes = b"") -> Iterator[bytes]:
+    total = len(head)
+    if total > limit:
+        raise HTTPException(413, _file_too_large(limit))
+    yield head
     while data := handle.read(READ_BYTES):
         total += len(data)
         if total > limit:
@@ -169,6 +188,7 @@ def delete_file(file_id: str, key: Caller, oai: Surface) -> FileDeleted:
     _file(oai, file_id, key)
     if oai.batches.active_using(file_id):
         raise HTTPException(409, f"file {file_id} is the input of a batch still running: cancel it first")
+    oai.uploads.drop(file_id)
     return FileDeleted(id=file_id, deleted=oai.files.delete(file_id, key.tenants))
 
 

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -87,7 +87,7 @@ def plan_batch(
     seen: set[str] = set()
     classes: dict[tuple[str, str], Any] = {}
     number = 0
-    with _collection_paused():
+    with collection_paused():
         for number, raw in enumerate(lines, start=1):
             if not raw or raw.isspace():
                 continue
@@ -116,7 +116,7 @@ def plan_batch(
 
 
 @contextmanager
-def _collection_paused() -> Iterator[None]:
+def collection_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused while a file is read or its answers are made: its lines become
     hundreds of thousands of objects (and no cycles), and the full collections that so many allocations set
     off once took half of the time of checking a file, and of writing answers in an API process that holds
@@ -247,14 +247,78 @@ def answer_range(
     key = batch_key(batch_id)
     rest = iter(taken)
     while chunk := list(islice(rest, ANSWER_CHUNK_LINES)):
-        with _collection_paused():
-            results = [cursors[line.request.model].take(len(line.request.items), missing) for line in chunk]
-            tokens = _count_chunk(chunk, count_tokens)
-            answers = [
-                _answer(key, line, outputs, error, tokens.get(line.number))
-                for line, (outputs, error) in zip(chunk, results, strict=True)
-            ]
+        with collection_paused():
+            plain = _plain_model(chunk)
+            if plain is not None:
+                answers = _plain_answers(key, chunk, cursors[plain], missing, count_tokens)
+            else:
+                results = [
+                    cursors[line.request.model].take(len(line.request.items), missing) for line in chunk
+                ]
+                tokens = _count_chunk(chunk, count_tokens)
+                answers = [
+                    _answer(key, line, outputs, error, tokens.get(line.number))
+                    for line, (outputs, error) in zip(chunk, results, strict=True)
+                ]
         yield from answers
+
+
+def _plain_model(chunk: list[BatchLine]) -> str | None:
+    """The model of a chunk of plain embeddings lines (one text each, of one model, float vectors as stored);
+    None for any other chunk."""
+    model = chunk[0].request.model
+    for line in chunk:
+        request = line.request
+        if (
+            len(request.items) != 1
+            or request.model != model
+            or request.endpoint != EMBEDDINGS
+            or request.encoding_format != "float"
+            or request.dimensions is not None
+        ):
+            return None
+    return model
+
+
+_PLAIN_LINE = (
+    b'{"id":"batch_req_%s%012x","custom_id":%s,"response":{"status_code":200,"request_id":"%s%012x","body":'
+    b'{"object":"list","data":[{"object":"embedding","index":0,"embedding":%s}],"model":%s,'
+    b'"usage":{"prompt_tokens":%d,"total_tokens":%d}}},"error":null}\n'
+)
+
+
+def _plain_answers(
+    key: str, chunk: list[BatchLine], cursor: _Cursor, missing: str, count_tokens: Counter | None
+) -> list[Answer]:
+    """A chunk of plain lines answered in bulk: its outcomes taken at once, its tokens counted in one call,
+    each answered line one format of the bytes ``embedding_line`` makes (a line with an error, or an
+    output stored otherwise, answered as any other)."""
+    model = chunk[0].request.model
+    results = cursor.take_run(len(chunk), missing)
+    texts = [line.request.texts[0] for line in chunk]
+    tokens = [0] * len(chunk) if count_tokens is None else count_tokens(model, texts)
+    key_bytes, model_json = key.encode(), orjson.dumps(model)
+    answers = []
+    dumps = orjson.dumps
+    for line, (output, error), count in zip(chunk, results, tokens, strict=True):
+        if error is None and type(output) is RawJson:
+            vector = output.text if isinstance(output.text, bytes) else output.text.encode()
+            number = line.number
+            text = _PLAIN_LINE % (
+                key_bytes,
+                number,
+                dumps(line.custom_id),
+                key_bytes,
+                number,
+                b"[0.0]" if vector == b"0" else vector,
+                model_json,
+                count,
+                count,
+            )
+            answers.append(Answer(True, text))
+        else:
+            answers.append(_answer(key, line, [output], error, None if count_tokens is None else count))
+    return answers
 
 
 def _count_chunk(chunk: list[BatchLine], count_tokens: Counter | None) -> dict[int, int]:
@@ -280,6 +344,23 @@ class _Cursor:
         self._outcomes = outcomes
         self._next = next(outcomes, None)
         self._index = start
+
+    def take_run(self, count: int, missing: str) -> list[tuple[Any, str | None]]:
+        """The outcomes of the next ``count`` items, one each: at once when they are all stored (indices
+        are unique and ascending, so a run from the next index that ends ``count - 1`` later has no gap)."""
+        start = self._index
+        if self._next is not None and self._next[0] == start:
+            run = [self._next, *islice(self._outcomes, count - 1)]
+            if len(run) == count and run[-1][0] == start + count - 1:
+                self._next = next(self._outcomes, None)
+                self._index += count
+                return [(output, error) for _, output, error in run]
+            self._outcomes = chain(run[1:], self._outcomes)  # a gap: item by item, from the same place
+        taken = []
+        for _ in range(count):
+            outputs, error = self.take(1, missing)
+            taken.append((outputs[0], error))
+        return taken
 
     def take(self, count: int, missing: str) -> tuple[list[Any], str | None]:
         outputs: list[Any] = []

@@ -107,14 +107,15 @@ def _cached_model(
 ) -> type[Model]:
     """``_model``, remembered in ``classes`` (one batch file's lines name few models, many times)."""
     if classes is None or not isinstance(name, str):
-        return _model(name, endpoint, settings)
+        return model_for(name, endpoint, settings)
     cls = classes.get((name, endpoint))
     if cls is None:
-        cls = classes[(name, endpoint)] = _model(name, endpoint, settings)
+        cls = classes[(name, endpoint)] = model_for(name, endpoint, settings)
     return cls
 
 
-def _model(name: object, endpoint: str, settings: Settings) -> type[Model]:
+def model_for(name: object, endpoint: str, settings: Settings) -> type[Model]:
+    """The model class ``name`` that serves ``endpoint``; RequestError naming why not."""
     if name is None:
         raise RequestError("missing field 'model'", "model")
     try:
