@@ -89,8 +89,7 @@ def paged_attention(
         raise ValueError("attention sinks (s_aux) are not supported by batchwork's paged attention")
     step, layer = batchwork, cast(int, module.layer_idx)
     window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
-    keys, values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [tokens, kv_heads, dim]
-    step.pool.write_slots(layer, step.slots, keys, values)
+    step.pool.write_slots(layer, step.slots, key[0], value[0])  # [kv_heads, tokens, dim]
     if step.prefill:
         out = _prefill(query, key, value, scaling, window, softcap)
     else:
@@ -135,11 +134,11 @@ def decode_rows(
     for row, context in enumerate(step.contexts):
         keys, values = step.pool.context(layer, context.first, context.length, context.pages)
         if window is not None and window < context.length:  # the newest ``window`` tokens
-            keys, values = keys[-window:], values[-window:]
+            keys, values = keys[:, -window:], values[:, -window:]
         part = _attend(
             query[:, :, row : row + 1],
-            keys.transpose(0, 1)[None],
-            values.transpose(0, 1)[None],
+            keys[None],
+            values[None],
             None,
             scale,
             softcap,
