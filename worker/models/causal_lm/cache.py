@@ -99,16 +99,14 @@ class PagePool:
     def context(
         self, layer: int, first: int, length: int, pages: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values [heads, length, dim] of one sequence: a view of the ``length`` slots from slot
-        ``first`` (consecutive pages), or its ``pages`` gathered (any others)."""
+        """Keys and values [1, heads, length, dim] of one sequence, as attention takes them: a view of the
+        ``length`` slots from slot ``first`` (consecutive pages), or its ``pages`` gathered (any others)."""
         if pages is None:
-            return (
-                self.keys[layer, :, first : first + length],
-                self.values[layer, :, first : first + length],
-            )
+            end = first + length
+            return self.keys[layer, None, :, first:end], self.values[layer, None, :, first:end]
         return self._gather(self.keys[layer], pages, length), self._gather(self.values[layer], pages, length)
 
     def _gather(self, store: torch.Tensor, pages: torch.Tensor, length: int) -> torch.Tensor:
         heads, _slots, dim = store.shape
         paged = store.view(heads, self.pages, self.page_tokens * dim)  # a page a row, per head
-        return paged.index_select(1, pages).view(heads, -1, dim)[:, :length]
+        return paged.index_select(1, pages).view(1, heads, -1, dim)[:, :, :length]
