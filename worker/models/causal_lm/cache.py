@@ -15,11 +15,13 @@ if TYPE_CHECKING:
 
 
 class PagePool:
-    """Keys and values, each [layers, pages, page_tokens, heads, head_dim], of one shared pool of pages.
+    """Keys and values, each [layers, heads, slots, head_dim] (slot = page * page_tokens + offset), of one
+    shared pool of pages.
 
-    Token-major within a page, so a sequence's gathered pages are already its keys in order, [tokens,
-    heads, dim]: attention reads them through a transposed view, with no second copy (on the CPU that copy
-    cost as much as the gather itself).
+    Head-major, as transformers' own caches are: a sequence whose pages are consecutive has, for each head,
+    its keys in one contiguous block of memory, which decode attention reads as a plain [heads, tokens, dim]
+    view. Token-major pages ([pages, page_tokens, heads, dim]) made it read 256-byte pieces 2 KB apart: a
+    decode step's attention took 1.6x as long (bench/README.md, bench.causal_lm).
     """
 
     def __init__(
@@ -35,7 +37,7 @@ class PagePool:
     ) -> None:
         import torch
 
-        shape = (layers, pages, page_tokens, heads, head_dim)
+        shape = (layers, heads, pages * page_tokens, head_dim)
         # Zeros, not empty: no read ever reaches past a sequence's own tokens today, but a padded or masked
         # read would still meet them (as 0 * value), and 0 * NaN from uninitialised memory poisons a row.
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
@@ -89,38 +91,22 @@ class PagePool:
             yield at, end - at
             at = free.find(1, end)
 
-    def write(
-        self,
-        layer: int,
-        page_ids: torch.Tensor,
-        offsets: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-    ) -> None:
-        """Store the keys and values [n, heads, dim] of n tokens at (page, offset) pairs [n], [n]."""
-        slots = page_ids * self.page_tokens + offsets
-        self.keys[layer].flatten(0, 1).index_copy_(0, slots, keys)
-        self.values[layer].flatten(0, 1).index_copy_(0, slots, values)
-
     def write_slots(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store the keys and values [n, heads, dim] of n tokens at flat slots (page * size + offset)."""
-        self.keys[layer].flatten(0, 1).index_copy_(0, slots, keys)
-        self.values[layer].flatten(0, 1).index_copy_(0, slots, values)
+        """Store the keys and values [heads, n, dim] of n tokens at flat slots [n] (page * size + offset)."""
+        self.keys[layer].index_copy_(1, slots, keys)
+        self.values[layer].index_copy_(1, slots, values)
 
     def context(
         self, layer: int, first: int, length: int, pages: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values [length, heads, dim] of one sequence: a view of the ``length`` slots from slot
-        ``first`` (consecutive pages), or its ``pages`` gathered (any others)."""
+        """Keys and values [1, heads, length, dim] of one sequence, as attention takes them: a view of the
+        ``length`` slots from slot ``first`` (consecutive pages), or its ``pages`` gathered (any others)."""
         if pages is None:
-            return (
-                self.keys[layer].flatten(0, 1)[first : first + length],
-                self.values[layer].flatten(0, 1)[first : first + length],
-            )
+            end = first + length
+            return self.keys[layer, None, :, first:end], self.values[layer, None, :, first:end]
         return self._gather(self.keys[layer], pages, length), self._gather(self.values[layer], pages, length)
 
     def _gather(self, store: torch.Tensor, pages: torch.Tensor, length: int) -> torch.Tensor:
-        # index_select over a 2-d view (a page a row), not store[pages]: on the CPU advanced indexing was
-        # 4x slower for the same copy, and index_select over the 4-d pool itself 9x slower.
-        gathered = store.flatten(1).index_select(0, pages)  # [pages, page elements]
-        return gathered.view(-1, *store.shape[2:])[:length]
+        heads, _slots, dim = store.shape
+        paged = store.view(heads, self.pages, self.page_tokens * dim)  # a page a row, per head
+        return paged.index_select(1, pages).view(1, heads, -1, dim)[:, :, :length]

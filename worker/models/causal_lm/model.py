@@ -107,7 +107,7 @@ class CausalLM(StepModel):
     def kv_bytes_per_token(self) -> int:
         """Cache bytes one token takes: keys and values of every layer."""
         keys = _loaded(self._network, "kv_bytes_per_token").pool.keys
-        layers, _pages, _page_tokens, heads, head_dim = keys.shape
+        layers, heads, _slots, head_dim = keys.shape
         return 2 * layers * heads * head_dim * keys.element_size()
 
     @property

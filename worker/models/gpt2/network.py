@@ -152,7 +152,7 @@ class GPT2Network:
         slots = table[positions // size] * size + positions % size
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.pool.write_slots(layer, slots, k[0].transpose(0, 1), v[0].transpose(0, 1))
+            self.pool.write_slots(layer, slots, k[0], v[0])
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scales[layer])
 
         ids = torch.tensor(context, device=self.device)[None]
@@ -168,7 +168,7 @@ class GPT2Network:
         step = attention.decode_step(self.pool, positions, pages, self.device)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.pool.write_slots(layer, step.slots, k[:, :, 0], v[:, :, 0])
+            self.pool.write_slots(layer, step.slots, k[:, :, 0].transpose(0, 1), v[:, :, 0].transpose(0, 1))
             # [rows, heads, 1, dim] here; decode_rows takes transformers' layout [1, heads, rows, dim].
             out = attention.decode_rows(step, layer, q.transpose(0, 2), self.scales[layer], None, None)
             return out[0].unsqueeze(2)
