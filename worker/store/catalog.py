@@ -19,7 +19,7 @@ from sqlalchemy import ColumnElement, Engine, Select, String, func, select, tupl
 from worker.bounds import is_job_id
 from worker.store import tables
 from worker.store.rows import job_status_of
-from worker.store.values import UNFINISHED_STATES, JobStatus
+from worker.store.values import UNFINISHED_STATES, JobState, JobStatus
 
 
 class InvalidCursor(ValueError):
@@ -42,7 +42,7 @@ class JobCatalog:
         self,
         tenants: Collection[str],
         *,
-        state: str | None = None,
+        state: JobState | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> JobPage:
