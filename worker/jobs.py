@@ -10,6 +10,7 @@ and a queued job reads the same on every surface. It never runs a model and neve
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from datetime import datetime
 from functools import cached_property
@@ -167,9 +168,11 @@ class Jobs:
 
     def status(self, job_id: str, tenants: Collection[str] | None = None) -> JobStatus:
         """As ``find``; JobNotFound for an unknown job."""
+        if not is_job_id(job_id):
+            raise JobNotFound(f"no job {job_id!r}: a job id is a UUID like {uuid.UUID(int=0)}")
         status = self.find(job_id, tenants)
         if status is None:
-            raise JobNotFound(f"no job {job_id!r} in {self.records.location()}")
+            raise JobNotFound(f"no job {job_id} in {self.records.location()}")
         return status
 
     def results(self, job_id: str, after: int = -1) -> Iterator[ItemResult]:
