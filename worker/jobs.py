@@ -85,6 +85,10 @@ class Messages(Protocol):
         """The job's record while only the broker knows it (model, priority, total, created_at)."""
         ...
 
+    def newest_queued(self, before: float | None, count: int) -> list[tuple[str, dict[str, str]]]:
+        """Up to ``count`` such records, newest first, accepted before Unix time ``before`` (any: None)."""
+        ...
+
 
 class Jobs:
     """enqueue / delay / record / publish, find / status / results / result_lines / page, cancel."""
@@ -196,8 +200,34 @@ class Jobs:
         limit: int = 50,
         cursor: str | None = None,
     ) -> JobPage:
-        """The tenants' jobs recorded in SQL, newest first (see JobCatalog.page)."""
-        return self.catalog.page(tenants, state=state, limit=limit, cursor=cursor)
+        """The tenants' jobs, newest first, ``limit`` at a time (see JobCatalog.page); for the default
+        tenant, with the queued jobs only the broker knows, in their place by (created_at, id)."""
+        from worker.store.catalog import JobPage, decode_cursor, encode_cursor
+
+        page = self.catalog.page(tenants, state=state, limit=limit, cursor=cursor)
+        if DEFAULT_TENANT not in tenants or state not in (None, JobState.QUEUED):
+            return page
+        after = None if cursor is None else decode_cursor(cursor)
+        known = {job.job_id for job in page.jobs}
+        queued = [job for job in self._queued_before(after, limit + 1) if job.job_id not in known]
+        if not queued:
+            return page
+        merged = sorted([*page.jobs, *queued], key=lambda job: (job.created_at, job.job_id), reverse=True)
+        if page.next_cursor is None and len(merged) <= limit:
+            return JobPage(merged, None)
+        last = merged[limit - 1]
+        return JobPage(merged[:limit], encode_cursor(last.created_at, last.job_id))
+
+    def _queued_before(self, after: tuple[datetime, str] | None, count: int) -> list[JobStatus]:
+        """The newest ``count`` jobs only the broker knows, of (created_at, id) below ``after``."""
+        # The broker's score is when the record was written, a moment after created_at: a second's slack.
+        before = None if after is None else after[0].timestamp() + 1
+        found = []
+        for job_id, record in self.messages.newest_queued(before, count):
+            status = queued_status(job_id, record)
+            if after is None or (status.created_at, job_id) < after:
+                found.append(status)
+        return found
 
     # -- cancel -------------------------------------------------------------------------------------
 
@@ -275,6 +305,9 @@ class RedisMessages:
     def queued(self, job_id: str) -> dict[str, str] | None:
         return self.pending.get(job_id)
 
+    def newest_queued(self, before: float | None, count: int) -> list[tuple[str, dict[str, str]]]:
+        return self.pending.newest(before, count)
+
 
 class InProcessMessages:
     """The in-memory broker of ``batchwork run``'s in-process worker: no records (jobs are in SQL first)."""
@@ -291,6 +324,9 @@ class InProcessMessages:
 
     def queued(self, job_id: str) -> dict[str, str] | None:
         return None
+
+    def newest_queued(self, before: float | None, count: int) -> list[tuple[str, dict[str, str]]]:
+        return []
 
 
 _DEFAULT: list[Jobs] = []

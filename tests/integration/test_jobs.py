@@ -1,7 +1,7 @@
 """One home per job, on Redis and PostgreSQL: a job from ``infer.delay`` is a Redis record until a worker
 stores its first item, and while it is, every surface (the Python client, Celery's result API, the HTTP API
-with an admin key, `batchwork status`) reads it the same: queued. Then it is a SQL row, and the record is
-gone."""
+with an admin key, its listing, `batchwork status`) reads it the same: queued. Then it is a SQL row, and the
+record is gone."""
 
 from __future__ import annotations
 
@@ -56,6 +56,9 @@ def test_a_delayed_job_reads_queued_everywhere_until_a_worker_moves_it_to_sql(
     assert seen.status_code == 200, seen.text
     assert seen.json()["state"] == "queued" and seen.json()["counts"]["total"] == 2
     assert api.get(f"/v1/jobs/{job_id}", headers={"Authorization": keys["alice"]}).status_code == 404
+    listed = api.get("/v1/jobs", headers={"Authorization": keys["admin"]}).json()["jobs"]
+    assert [(job["id"], job["state"]) for job in listed] == [(job_id, "queued")]
+    assert api.get("/v1/jobs", headers={"Authorization": keys["alice"]}).json()["jobs"] == []
     shown = batchwork(tmp_path, "status", job_id, env=producer, timeout_s=60)
     assert shown.returncode == 0, shown.stderr
     assert "queued" in shown.stdout

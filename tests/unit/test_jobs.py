@@ -4,8 +4,10 @@ first item; every reader finds a job SQL, then broker, then SQL, so a queued job
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from worker.calls import InferCall
 from worker.errors import BrokerUnavailable, JobNotFound
 from worker.jobs import Jobs
 from worker.settings import Settings
+from worker.store.catalog import JobPage, decode_cursor, encode_cursor
 from worker.store.values import FINISHED_STATES, UNFINISHED_STATES, ItemOutcome, JobSpec, JobState
 
 SETTINGS = Settings(broker_url="redis://127.0.0.1:1/0")  # never reached: the broker here is a fake
@@ -36,7 +39,7 @@ class MemoryBroker:
             raise BrokerUnavailable("cannot reach the broker")
         self.rows_at_send.append(self.store.status(call.job_id) is not None)
         if record_job:
-            created = "2026-01-01T00:00:00+00:00"
+            created = datetime.fromtimestamp(call.created_at or time.time(), UTC).isoformat()
             self.records[call.job_id] = {
                 "model": call.model,
                 "priority": call.priority,
@@ -49,6 +52,13 @@ class MemoryBroker:
         if self.on_read is not None:
             self.on_read()
         return self.records.get(job_id)
+
+    def newest_queued(self, before: float | None, count: int) -> list[tuple[str, dict[str, str]]]:
+        def when(record: dict[str, str]) -> float:
+            return datetime.fromisoformat(record["created_at"]).timestamp()
+
+        found = [(j, r) for j, r in self.records.items() if before is None or when(r) <= before]
+        return sorted(found, key=lambda jr: when(jr[1]), reverse=True)[:count]
 
     def take_first_item(self, call: InferCall) -> None:
         """What a worker does: store the job's first item (its SQL row made from the message), then drop
@@ -73,8 +83,29 @@ def jobs(store: MemoryStore, broker: MemoryBroker) -> Jobs:
     return Jobs(SETTINGS, store, broker)
 
 
-def a_call(total: int = 3) -> InferCall:
-    return InferCall(str(uuid.uuid4()), "noop", [f"t{i}" for i in range(total)], "normal", 0, total)
+def a_call(total: int = 3, created_at: float | None = None) -> InferCall:
+    inputs = [f"t{i}" for i in range(total)]
+    return InferCall(str(uuid.uuid4()), "noop", inputs, "normal", 0, total, None, created_at)
+
+
+class MemoryCatalog:
+    """JobCatalog.page over the memory store's rows (created_at, id descending, a keyset cursor)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    def page(
+        self, tenants: Collection[str], *, state: Any = None, limit: int = 50, cursor: str | None = None
+    ) -> JobPage:
+        jobs = [self.store.status(job_id, tenants) for job_id in list(self.store.jobs)]
+        found = [j for j in jobs if j is not None and state in (None, j.state)]
+        if cursor is not None:
+            after = decode_cursor(cursor)
+            found = [j for j in found if (j.created_at, j.job_id) < after]
+        found.sort(key=lambda j: (j.created_at, j.job_id), reverse=True)
+        if len(found) <= limit:
+            return JobPage(found, None)
+        return JobPage(found[:limit], encode_cursor(found[limit - 1].created_at, found[limit - 1].job_id))
 
 
 def test_every_state_is_finished_or_unfinished_and_reads_as_its_text() -> None:
@@ -184,3 +215,29 @@ def test_embedded_delay_records_the_job_in_sql_first(store: MemoryStore, broker:
     call = a_call()
     jobs.delay(call)
     assert broker.sent == [(call, False)] and broker.rows_at_send == [True]
+
+
+def test_a_listing_holds_the_queued_jobs_only_the_broker_knows_in_their_place(
+    jobs: Jobs, broker: MemoryBroker, store: MemoryStore
+) -> None:
+    jobs.catalog = MemoryCatalog(store)  # type: ignore[assignment]
+    now = time.time()
+    made = []
+    for age_s in (50, 40, 30, 20, 10):  # oldest first: SQL, Redis, SQL, Redis, SQL
+        call = a_call(created_at=now - age_s)
+        if len(made) % 2:
+            jobs.delay(call)
+        else:
+            jobs.enqueue(call)
+            store.jobs[call.job_id].created_at = datetime.fromtimestamp(now - age_s, UTC)
+        made.append(call.job_id)
+    pages, cursor = [], None
+    while True:
+        page = jobs.page(["ops", "default"], limit=2, cursor=cursor)
+        pages.append([job.job_id for job in page.jobs])
+        if (cursor := page.next_cursor) is None:
+            break
+    assert pages == [made[:2:-1], made[2:0:-1], made[:1]]
+    assert [job.job_id for job in jobs.page(["alice"]).jobs] == []
+    assert jobs.page(["default"], state=JobState.RUNNING).jobs == []
+    assert [job.job_id for job in jobs.page(["default"], state=JobState.QUEUED).jobs] == made[::-1]
