@@ -20,11 +20,14 @@ from api.backend import Backend
 from worker.store.catalog import JobPage
 from worker.store.keys import ApiKey
 from worker.store.results import BatchRecord
-from worker.store.values import JobState
+from worker.store.values import FINISHED_STATES, JobState
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 templates = Environment(loader=PackageLoader("api", "templates"), autoescape=select_autoescape())
 templates.filters["when"] = lambda moment: "" if moment is None else f"{moment:%Y-%m-%d %H:%M:%S} UTC"
+# The states the pages filter by and stop refreshing at, as JobState has them.
+templates.globals["job_states"] = [state.value for state in JobState]
+templates.globals["finished_states"] = [state.value for state in FINISHED_STATES]
 
 Served = Annotated[Backend, Depends(backend)]
 Viewer = Annotated[ApiKey | None, Depends(page_caller)]
