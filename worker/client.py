@@ -13,7 +13,7 @@ from uuid import uuid4
 
 from worker.calls import InferCall, check_items, new_call
 from worker.errors import InvalidInput, JobNotFound
-from worker.jobs import ORDER_WINDOW_CHUNKS, ItemResult, Jobs, length_order
+from worker.jobs import ORDER_WINDOW_CHUNKS, ItemResult, Jobs, default_jobs, length_order
 from worker.settings import Settings, get_settings
 from worker.store.results import FINISHED_STATES, JobStatus, ResultStore
 
@@ -36,9 +36,9 @@ class Client:
     """The Python user's face of the jobs port (worker.jobs.Jobs): checks calls, then enqueues, polls and
     cancels through it."""
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, jobs: Jobs | None = None) -> None:
         self.settings = settings or get_settings()
-        self.jobs = Jobs(self.settings)
+        self.jobs = jobs or Jobs(self.settings)
 
     @property
     def store(self) -> ResultStore:
@@ -111,10 +111,11 @@ _DEFAULT: list[Client] = []
 
 
 def default_client() -> Client:
-    """One client per settings object, so its connections are reused from call to call."""
-    settings = get_settings()
-    if not _DEFAULT or _DEFAULT[0].settings is not settings:
-        _DEFAULT[:] = [Client(settings)]
+    """One client per settings object, over the process's one jobs port (Celery's result backend reads
+    through it too), so its connections are reused from call to call."""
+    jobs = default_jobs()
+    if not _DEFAULT or _DEFAULT[0].jobs is not jobs:
+        _DEFAULT[:] = [Client(jobs.settings, jobs)]
     return _DEFAULT[0]
 
 
