@@ -21,7 +21,7 @@ from worker.errors import JobNotFound, NoWorker
 from worker.models.registry import model_class
 from worker.settings import Settings, get_settings
 from worker.store.keys import DEFAULT_TENANT
-from worker.store.values import ItemOutcome, JobSpec, JobState, JobStatus
+from worker.store.values import BatchRecord, ItemOutcome, JobSpec, JobState, JobStatus
 
 if TYPE_CHECKING:
     from worker.calls import InferCall
@@ -68,7 +68,9 @@ class JobRecords(Protocol):
 
     def result_lines(self, job_id: str, after: int = -1, limit: int | None = None) -> Iterator[bytes]: ...
 
-    def write_batch(self, record: None, outcomes: Sequence[ItemOutcome], jobs: Sequence[JobSpec]) -> int: ...
+    def write_batch(
+        self, record: BatchRecord | None, outcomes: Sequence[ItemOutcome], jobs: Sequence[JobSpec]
+    ) -> int: ...
 
     def location(self) -> str: ...
 

@@ -132,7 +132,7 @@ class PendingJobs:
 
     The producer writes the record with the job's messages; the worker that first stores one of its items
     creates the SQL row and then deletes the record. So a job is always in one of the two places (both for an
-    instant), and status reads SQL first and Redis second.
+    instant), and the jobs port (worker/jobs.py) reads SQL, then Redis, then SQL again.
     """
 
     def __init__(self, url: str, keys: Keys) -> None:
