@@ -16,6 +16,7 @@ from worker.broker.keys import Keys
 from worker.broker.producer import broker_redis, broker_unavailable
 from worker.client import Client
 from worker.errors import SetupError
+from worker.jobs import Jobs, RedisMessages
 from worker.settings import Settings
 from worker.store.catalog import JobCatalog
 from worker.store.keys import KeyStore
@@ -38,6 +39,11 @@ class Backend:
         return cls(settings, client, JobCatalog(engine), KeyStore(engine), broker)
 
     @property
+    def jobs(self) -> Jobs:
+        """The jobs port: every route that enqueues, reads or cancels a job goes through it."""
+        return self.client.jobs
+
+    @property
     def store(self) -> ResultStore:
         return self.client.store
 
@@ -58,8 +64,9 @@ class Backend:
         """Import and connect what a submit publishes with (the producer's module, its Redis connection)
         before the first submit, which would pay for them otherwise; a broker that is away now is no error
         (health says so, and a submit answers 503)."""
-        if not self.settings.embedded:
-            _check(self.client._publisher.client.ping)
+        messages = self.jobs.messages
+        if isinstance(messages, RedisMessages):
+            _check(messages.publisher.client.ping)
 
     def health(self) -> dict[str, str]:
         """ "ok" or the error, for the broker and the database."""
@@ -74,7 +81,7 @@ class Backend:
             raise SetupError(f"no batchwork schema in {self.store.location()}: run `batchwork migrate`")
 
 
-def _check(probe: Callable[[], None]) -> str:
+def _check(probe: Callable[[], object]) -> str:
     try:
         probe()
     except Exception as exc:  # health reports any failure as a line, never raises

@@ -14,6 +14,7 @@ published twice stores each result once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -27,7 +28,7 @@ from api.backend import Backend
 from api.batch_output import Cursor, LeaseLost, OutputWriter
 from api.uploads import CACHED_BYTES, UploadCache, checked_plan
 from worker.calls import InferCall
-from worker.errors import DatabaseUnavailable
+from worker.errors import DatabaseUnavailable, JobNotFound
 from worker.models.registry import model_class
 from worker.openai_compat.batchfile import BatchPlan, plan_batch
 from worker.openai_compat.tokens import count_tokens, detokenize
@@ -191,11 +192,10 @@ class BatchRunner:
         self, row: dict[str, Any], job_id: str, model: str, items: list[Any], expires_at: float
     ) -> None:
         call = InferCall(job_id, model, items, BATCH_PRIORITY, 0, len(items), expires_at, time.time())
-        client = self.served.client
-        # A job registered by an earlier try of this step is left as it is and published again: every
+        # A job recorded by an earlier try of this step is left as it is and published again: every
         # item's result is stored once whatever number of times its message runs.
-        client.register(call, tenant=row["tenant"], metadata={"openai_batch": row["id"]})
-        client.publish(call)
+        self.served.jobs.record(call, tenant=row["tenant"], metadata={"openai_batch": row["id"]})
+        self.served.jobs.publish(call)
 
     def _fail(self, row: dict[str, Any], errors: list[dict[str, Any]]) -> None:
         now = utcnow()
@@ -207,16 +207,15 @@ class BatchRunner:
 
     def job_states(self, row: dict[str, Any]) -> dict[str, Any]:
         """Each job's status (None for a job not recorded yet)."""
-        store = self.served.store
-        return {model: store.status(job_id) for model, job_id in (row["jobs"] or {}).items()}
+        jobs = self.served.jobs
+        return {model: jobs.find(job_id) for model, job_id in (row["jobs"] or {}).items()}
 
     def _progress(self, row: dict[str, Any]) -> None:
         states = self.job_states(row)
         finished = all(s is not None and s.state in FINISHED_STATES for s in states.values())
         if not finished and utcnow() > row["expires_at"] + timedelta(seconds=self._grace_s()):
             # Past the deadline and no worker ended the rest as expired: stop them; the unstored are expired.
-            for job_id in (row["jobs"] or {}).values():
-                self.served.store.cancel(job_id)
+            self._cancel_jobs(row)
             finished = True
         if not finished:  # write the lines answered so far
             plan = self._plans.get(row["id"])
@@ -233,6 +232,11 @@ class BatchRunner:
         ):
             self._finalize({**row, "status": "finalizing", "finalizing_at": now})
 
+    def _cancel_jobs(self, row: dict[str, Any]) -> None:
+        for job_id in (row["jobs"] or {}).values():
+            with contextlib.suppress(JobNotFound):  # not enqueued yet: nothing of it will run
+                self.served.jobs.cancel(job_id)
+
     def _grace_s(self) -> float:
         return float(self.served.settings.visibility_timeout_s)
 
@@ -242,8 +246,7 @@ class BatchRunner:
         """Write the lines left (an input without an outcome fails as cancelled or expired), then list the
         files and end the batch in one transaction."""
         if row["status"] == "cancelling":
-            for job_id in (row["jobs"] or {}).values():
-                self.served.store.cancel(job_id)
+            self._cancel_jobs(row)
         plan = self._plan_of(row) if row["jobs"] else BatchPlan()
         expired = utcnow() > row["expires_at"]
         missing = (

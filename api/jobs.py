@@ -23,14 +23,14 @@ from api import limits
 from api.auth import backend, caller
 from api.backend import Backend
 from api.checking import Checker
-from api.schemas import Job, JobList, JobRequest, JobState, ModelInfo, error_responses
+from api.schemas import Job, JobList, JobRequest, ModelInfo, error_responses
 from api.spool import CheckedPiece, NdjsonSpool, Piece
 from worker.bounds import MAX_COUNT
 from worker.calls import InferCall, expiry
 from worker.models.registry import served_models
 from worker.store.catalog import InvalidCursor
 from worker.store.keys import ApiKey
-from worker.store.results import JobStatus
+from worker.store.values import JobState, JobStatus
 
 router = APIRouter(prefix="/v1", responses=error_responses(401, 422))
 
@@ -164,8 +164,8 @@ def _publish_spool(
 ) -> JobStatus:
     limits.admit(served, tenant, total)
     call = InferCall(str(uuid4()), spool.model, (), spool.priority, 0, total, expires_at)
-    served.client.register(call, tenant=tenant)
-    served.client.publish(call, spool.parts())
+    served.jobs.record(call, tenant=tenant)
+    served.jobs.publish(call, spool.parts())
     return _status(served, call.job_id, [tenant])
 
 
@@ -179,7 +179,7 @@ def list_jobs(
 ) -> JobList:
     """The caller's jobs, newest first; follow ``next_cursor`` for older ones."""
     try:
-        page = served.catalog.page(key.tenants, state=state, limit=limit, cursor=cursor)
+        page = served.jobs.page(key.tenants, state=state, limit=limit, cursor=cursor)
     except InvalidCursor as exc:
         raise HTTPException(422, str(exc)) from None
     return JobList(jobs=[Job.of(status) for status in page.jobs], next_cursor=page.next_cursor)
@@ -214,7 +214,7 @@ def job_results(
     The job and the first lines are read before the answer starts: a database that fails then is a 503, not
     a body broken after its 200."""
     _status(served, job_id, key.tenants)
-    lines = served.store.result_lines(job_id, after=after, limit=limit)
+    lines = served.jobs.result_lines(job_id, after=after, limit=limit)
     first = next(lines, b"")
     return StreamingResponse(chain([first], lines), media_type=limits.NDJSON)
 
@@ -225,7 +225,7 @@ def job_results(
 def cancel_job(job_id: JobId, key: Caller, served: Served) -> Job:
     """Cancel a queued or running job (a finished one stays as it is); its waiting items end cancelled."""
     _status(served, job_id, key.tenants)
-    served.store.cancel(job_id)
+    served.jobs.cancel(job_id, tenants=key.tenants)
     return Job.of(_status(served, job_id, key.tenants))
 
 
@@ -238,7 +238,9 @@ def list_models(key: Caller, served: Served) -> list[ModelInfo]:
 
 
 def _status(served: Backend, job_id: str, tenants: list[str] | tuple[str, ...]) -> JobStatus:
-    status = served.store.status(job_id, tenants)
+    """The job as the port finds it (SQL, then the broker's record of an ``infer.delay`` job): 404 when it
+    is unknown or another tenant's."""
+    status = served.jobs.find(job_id, tenants)
     if status is None:
         raise HTTPException(404, f"no job {job_id}")
     return status

@@ -353,7 +353,7 @@ async def embeddings(body: EmbeddingRequest, key: Caller, oai: Surface) -> Any:
     await run_in_threadpool(_enqueue, oai, key.tenant, call)
     outcomes = await oai.waiter.wait(call.job_id, call.total, settings.api_embeddings_timeout_s)
     if outcomes is None:
-        await run_in_threadpool(oai.served.store.cancel, call.job_id)
+        await run_in_threadpool(oai.served.jobs.cancel, call.job_id)
         raise limits.refuse(
             503, f"no worker stored these embeddings within {settings.api_embeddings_timeout_s:g} s", settings
         )
@@ -372,4 +372,4 @@ async def embeddings(body: EmbeddingRequest, key: Caller, oai: Surface) -> Any:
 
 def _enqueue(oai: OpenAISurface, tenant: str, call: InferCall) -> None:
     limits.admit(oai.served, tenant, call.total)
-    oai.served.client.enqueue(call, tenant=tenant)
+    oai.served.jobs.enqueue(call, tenant=tenant)

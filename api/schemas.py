@@ -10,9 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.store.results import JobStatus
-
-JobState = Literal["queued", "running", "succeeded", "failed", "partial", "cancelled"]
+from worker.store.values import JobState, JobStatus
 
 
 class JobRequest(BaseModel):
@@ -58,7 +56,7 @@ class Job(BaseModel):
             id=status.job_id,
             model=status.model,
             priority=status.priority,
-            state=status.state,  # type: ignore[arg-type]
+            state=status.state,
             counts=Counts(total=status.total, done=status.done, failed=status.failed, errors=errors),
             error=status.error,
             created_at=status.created_at,

@@ -17,12 +17,17 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from api.auth import COOKIE, backend, find_key, page_caller
 from api.backend import Backend
+from worker.store.catalog import JobPage
 from worker.store.keys import ApiKey
 from worker.store.results import BatchRecord
+from worker.store.values import FINISHED_STATES, JobState
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 templates = Environment(loader=PackageLoader("api", "templates"), autoescape=select_autoescape())
 templates.filters["when"] = lambda moment: "" if moment is None else f"{moment:%Y-%m-%d %H:%M:%S} UTC"
+# The states the pages filter by and stop refreshing at, as JobState has them.
+templates.globals["job_states"] = [state.value for state in JobState]
+templates.globals["finished_states"] = [state.value for state in FINISHED_STATES]
 
 Served = Annotated[Backend, Depends(backend)]
 Viewer = Annotated[ApiKey | None, Depends(page_caller)]
@@ -75,7 +80,10 @@ def jobs_page(
 ) -> HTMLResponse:
     if viewer is None:
         return render("login.html", 401)
-    page = served.catalog.page(viewer.tenants, state=state or None, limit=50, cursor=cursor)
+    if state and state not in set(JobState):  # a state no job is in lists none
+        page = JobPage([], None)
+    else:
+        page = served.jobs.page(viewer.tenants, state=JobState(state) if state else None, cursor=cursor)
     return render("jobs.html", key=viewer, jobs=page.jobs, next_cursor=page.next_cursor, state=state)
 
 
@@ -83,7 +91,7 @@ def jobs_page(
 def job_page(job_id: str, viewer: Viewer, served: Served) -> HTMLResponse:
     if viewer is None:
         return render("login.html", 401)
-    job = served.store.status(job_id, viewer.tenants)
+    job = served.jobs.find(job_id, viewer.tenants)
     if job is None:
         return render("missing.html", 404, key=viewer, job_id=job_id)
     errors = served.catalog.error_kinds(job_id) if job.failed else {}
@@ -98,7 +106,7 @@ def progress(viewer: Viewer, served: Served, ids: Annotated[str, Query(max_lengt
         return JSONResponse({"detail": "log in again"}, status_code=401)
     jobs = {}
     for job_id in ids.split(",")[:100]:
-        job = served.store.status(job_id, viewer.tenants) if job_id else None
+        job = served.jobs.find(job_id, viewer.tenants) if job_id else None
         if job is not None:
             jobs[job_id] = {"state": job.state, "total": job.total, "done": job.done, "failed": job.failed}
     return JSONResponse({"jobs": jobs})

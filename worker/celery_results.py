@@ -15,35 +15,34 @@ from celery import states
 
 from worker.celery_compat.celery_seams import ReadOnlyBackend, meta
 from worker.errors import JobFailed, JobNotFound
+from worker.store.values import JobState
 
 _STATES = {
-    "queued": states.PENDING,
-    "running": states.STARTED,
-    "succeeded": states.SUCCESS,
-    "failed": states.FAILURE,
-    "partial": states.FAILURE,
-    "cancelled": states.REVOKED,
+    JobState.QUEUED: states.PENDING,
+    JobState.RUNNING: states.STARTED,
+    JobState.SUCCEEDED: states.SUCCESS,
+    JobState.FAILED: states.FAILURE,
+    JobState.PARTIAL: states.FAILURE,
+    JobState.CANCELLED: states.REVOKED,
 }
 
 
 class StoreBackend(ReadOnlyBackend):
-    """Reads jobs through ``worker.client.Client`` (SQL, and Redis for jobs no worker took yet)."""
+    """Reads jobs through the jobs port (SQL, and Redis for jobs no worker took yet), as every surface."""
 
     def task_meta(self, task_id: str) -> dict[str, Any]:
-        from worker.client import default_client
+        from worker.jobs import default_jobs
 
-        client = default_client()
+        jobs = default_jobs()
         try:
-            job = client.status(task_id)
+            job = jobs.status(task_id)
         except JobNotFound:
             return meta(task_id, states.PENDING)  # Celery's answer for an id it does not know
         state = _STATES[job.state]
         if state == states.SUCCESS:
-            return meta(task_id, state, [r.output for r in client.results(task_id)], job.finished_at)
+            return meta(task_id, state, [r.output for r in jobs.results(task_id)], job.finished_at)
         if state == states.FAILURE:
-            return meta(
-                task_id, state, _failure(task_id, job.total, client.results(task_id)), job.finished_at
-            )
+            return meta(task_id, state, _failure(task_id, job.total, jobs.results(task_id)), job.finished_at)
         if state == states.REVOKED:
             return meta(task_id, state, JobFailed(f"job {task_id} was cancelled"), job.finished_at)
         return meta(task_id, state)

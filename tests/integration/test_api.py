@@ -213,6 +213,23 @@ def test_another_tenants_job_is_404_in_every_route_and_admins_see_the_default_te
 
 
 @pytest.mark.slow
+def test_an_admin_key_sees_a_job_infer_delay_queued_before_any_worker_took_it(env: dict[str, str]) -> None:
+    """Such a job is only a Redis record so far: the API finds it as the Python client does (it was 404)."""
+    url = env["BATCHWORK_DATABASE_URL"]
+    alice, ops = make_key(url, "alice"), make_key(url, "ops", admin=True)
+    [delayed] = produce(env, [{"via": "delay", "model": ECHO, "inputs": ["a", "b"]}])
+    with api_server(env) as api:
+        admin = Tenant(api.url, ops).http
+        job = admin.get(f"/v1/jobs/{delayed}")
+        assert job.status_code == 200, job.text
+        assert job.json()["state"] == "queued" and job.json()["counts"]["total"] == 2
+        assert admin.get(f"/v1/jobs/{delayed}/results").text == ""
+        assert [job["id"] for job in admin.get("/v1/jobs").json()["jobs"]] == [delayed]
+        assert Tenant(api.url, alice).http.get(f"/v1/jobs/{delayed}").status_code == 404
+    redis.Redis.from_url(env["BATCHWORK_BROKER_URL"]).delete(*QUEUES)
+
+
+@pytest.mark.slow
 def test_cancel_and_error_kinds(env: dict[str, str]) -> None:
     env = {**env, "BATCHWORK_SIMULATED_BASE_MS": "100", "BATCHWORK_SIMULATED_PER_ITEM_MS": "0"}
     env["BATCHWORK_BATCHING"] = json.dumps({"simulated": {"max_batch_size": 5, "max_wait_ms": 5}})

@@ -1,7 +1,8 @@
 """The result store and the tuned-limits table in memory, for tests of the engine without servers (as
 procrastinate's in-memory connector stands in for PostgreSQL).
 
-They implement the runtime's ports (worker/runtime/ports.py) with the SQL store's rules: results keyed by
+They implement the runtime's ports (worker/runtime/ports.py) and the SQL side of the jobs port
+(worker.jobs.JobRecords) with the SQL store's rules: results keyed by
 (job, index) and written once, a missing job row made from its spec, a job whose row disagrees with a
 message's spec left alone, counters and state moved forward as one transaction would, never back out of a
 finished state. Outputs must be JSON as the SQL column would keep them (a ValueError otherwise, which the
@@ -12,13 +13,14 @@ writes from its store thread while a test reads.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
+from worker.jsonl import format_result
 from worker.store.tuned import TunedRow
 from worker.store.values import (
     FINISHED_STATES,
@@ -28,6 +30,8 @@ from worker.store.values import (
     ItemColumns,
     ItemOutcome,
     JobSpec,
+    JobState,
+    JobStatus,
     Stored,
     TokenCount,
 )
@@ -36,12 +40,16 @@ from worker.store.values import (
 @dataclass
 class JobRow:
     spec: JobSpec
-    state: str = "queued"
+    state: JobState = JobState.QUEUED
     done: int = 0
     failed: int = 0
     error: str | None = None
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     running_tokens: dict[int, int] = field(default_factory=dict)  # index -> tokens, for running items
+    tenant: str = "default"
+    metadata: Any = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
 
 
 class MemoryStore:
@@ -56,25 +64,64 @@ class MemoryStore:
 
     # -- what a producer does (tests set the scene with these) ---------------------------------------
 
-    def create_job(self, spec: JobSpec, *, state: str = "queued") -> bool:
+    def create_job(
+        self,
+        spec: JobSpec,
+        *,
+        create_schema: bool = False,
+        state: JobState = JobState.QUEUED,
+        tenant: str = "default",
+        metadata: Any = None,
+    ) -> bool:
         with self._lock:
             if spec.job_id in self.jobs:
                 return False
-            self.jobs[spec.job_id] = JobRow(spec, state)
+            self.jobs[spec.job_id] = JobRow(spec, state, tenant=tenant, metadata=metadata)
             return True
 
     def cancel(self, job_id: str) -> bool:
+        return self._finish(job_id, JobState.CANCELLED, None)
+
+    def fail_job(self, job_id: str, error: str) -> None:
+        self._finish(job_id, JobState.FAILED, error)
+
+    def results(self, job_id: str, after: int = -1, before: int | None = None) -> list[ItemOutcome]:
+        """The job's stored outcomes in index order (of index above ``after`` and below ``before``)."""
+        with self._lock:
+            found = (
+                o
+                for (j, i), o in self.outcomes.items()
+                if j == job_id and after < i and (before is None or i < before)
+            )
+            return sorted(found, key=lambda o: o.index)
+
+    def result_lines(self, job_id: str, after: int = -1, limit: int | None = None) -> Iterator[bytes]:
+        for outcome in self.results(job_id, after)[:limit]:
+            yield format_result(outcome)
+
+    def status(self, job_id: str, tenants: Collection[str] | None = None) -> JobStatus | None:
         with self._lock:
             job = self.jobs.get(job_id)
-            if job is None or job.state not in UNFINISHED_STATES:
-                return False
-            job.state = "cancelled"
-            return True
+            if job is None or (tenants is not None and job.tenant not in tenants):
+                return None
+            return JobStatus(
+                job_id=job_id,
+                model=job.spec.model,
+                priority=job.spec.priority,
+                state=job.state,
+                total=job.spec.total,
+                done=job.done,
+                failed=job.failed,
+                error=job.error,
+                created_at=job.created_at,
+                started_at=job.started_at,
+                finished_at=job.finished_at,
+                tenant=job.tenant,
+                metadata=job.metadata,
+            )
 
-    def results(self, job_id: str) -> list[ItemOutcome]:
-        """The job's stored outcomes in index order."""
-        with self._lock:
-            return sorted((o for (j, _), o in self.outcomes.items() if j == job_id), key=lambda o: o.index)
+    def location(self) -> str:
+        return "the memory store"
 
     # -- the worker's port (worker.runtime.ports.WorkerStore) ------------------------------------------
 
@@ -120,12 +167,12 @@ class MemoryStore:
         with self._lock:
             if spec.job_id in self.jobs:
                 return False
-            self.jobs[spec.job_id] = JobRow(spec, "failed", error=error)
+            self.jobs[spec.job_id] = JobRow(spec, JobState.FAILED, error=error)
             return True
 
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
         with self._lock:
-            return {j for j in job_ids if j in self.jobs and self.jobs[j].state == "cancelled"}
+            return {j for j in job_ids if j in self.jobs and self.jobs[j].state == JobState.CANCELLED}
 
     def unfinished_jobs(self, created_before: datetime, limit: int | None = None) -> list[JobSpec]:
         with self._lock:
@@ -146,6 +193,14 @@ class MemoryStore:
         return len(missing)
 
     # -- inside ---------------------------------------------------------------------------------
+
+    def _finish(self, job_id: str, state: JobState, error: str | None) -> bool:
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None or job.state not in UNFINISHED_STATES:
+                return False
+            job.state, job.error, job.finished_at = state, error, datetime.now(UTC)
+            return True
 
     def _create(self, spec: JobSpec) -> bool:
         if spec.job_id in self.jobs:
@@ -171,6 +226,7 @@ class MemoryStore:
         """The counters bumped and the state moved forward, never back out of a finished state (as
         worker/store/rows.py's PROGRESS statement does)."""
         job.running_tokens.pop(outcome.index, None)
+        job.started_at = job.started_at or datetime.now(UTC)
         if outcome.error is None:
             job.done += 1
         else:
@@ -178,11 +234,13 @@ class MemoryStore:
         if job.state in FINISHED_STATES:
             return
         if job.done + job.failed < job.spec.total:
-            job.state = "running"
-        elif job.failed == 0:
-            job.state = "succeeded"
+            job.state = JobState.RUNNING
+            return
+        job.finished_at = datetime.now(UTC)
+        if job.failed == 0:
+            job.state = JobState.SUCCEEDED
         else:
-            job.state = "failed" if job.done == 0 else "partial"
+            job.state = JobState.FAILED if job.done == 0 else JobState.PARTIAL
 
 
 class MemoryTunedLimits:

@@ -132,7 +132,7 @@ class PendingJobs:
 
     The producer writes the record with the job's messages; the worker that first stores one of its items
     creates the SQL row and then deletes the record. So a job is always in one of the two places (both for an
-    instant), and status reads SQL first and Redis second.
+    instant), and the jobs port (worker/jobs.py) reads SQL, then Redis, then SQL again.
     """
 
     def __init__(self, url: str, keys: Keys) -> None:
@@ -146,6 +146,27 @@ class PendingJobs:
         except redis.RedisError as exc:
             raise broker_unavailable(self.url, exc) from exc
         return {_text(k): _text(v) for k, v in record.items()} or None
+
+    def newest(self, before: float | None, count: int) -> list[tuple[str, dict[str, str]]]:
+        """Up to ``count`` records, newest first, of jobs accepted before Unix time ``before`` (any: None)."""
+        try:
+            # redis-py types every reply as any of the shapes a reply may take
+            found: list[bytes] = self.client.zrevrangebyscore(  # type: ignore[assignment]
+                self.keys.pending_jobs, "+inf" if before is None else before, "-inf", start=0, num=count
+            )
+            ids = [_text(job_id) for job_id in found]
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hgetall(self.keys.job(job_id))
+            records = pipe.execute() if ids else []
+        except redis.RedisError as exc:
+            raise broker_unavailable(self.url, exc) from exc
+        # A record gone since the first read: a worker recorded the job in SQL meanwhile.
+        return [
+            (job_id, {_text(k): _text(v) for k, v in record.items()})
+            for job_id, record in zip(ids, records, strict=True)
+            if record
+        ]
 
     def forget(self, job_ids: list[str]) -> None:
         if job_ids:

@@ -111,7 +111,7 @@ class _Run:
         else:
             previous = None
             metadata = None if self.state is None else {"run": self.state.fingerprint}
-            self.client.register(self.call, metadata=metadata)
+            self.client.jobs.record(self.call, metadata=metadata)
             written = self.out.open(resume=False)
         if self.state is not None:
             self.state.job_id, self.state.published = self.call.job_id, written
@@ -123,14 +123,18 @@ class _Run:
         self._follow(job, self.call.total - written)
 
     def _resumable(self, job_id: str) -> bool:
+        from worker.store.values import JobState  # lazily: the store's package loads SQLAlchemy
+
         try:
             status = self.client.status(job_id)
         except JobNotFound:
             return False
-        return status.total == self.call.total and status.state not in ("cancelled", "failed", "lost")
+        return status.total == self.call.total and status.state not in (JobState.CANCELLED, JobState.FAILED)
 
     def _follow(self, job: JobRun, items: int) -> None:
         """Run the job to its end; ``items``: how many lines this run writes (fewer when it continues)."""
+        from worker.store.values import JobState
+
         started = time.monotonic()
         console.print(Text(f"job {self.call.job_id}: {self.call.total} items on {self.call.model}"))
         status = job.run()
@@ -148,7 +152,7 @@ class _Run:
             )
         )
         _print_errors(status, console)
-        if status.state != "succeeded":
+        if status.state != JobState.SUCCEEDED:
             raise typer.Exit(1)
 
 
@@ -179,7 +183,7 @@ def submit(
     settings = get_settings()
     inputs = read_inputs(input_path, settings.max_items_per_job)
     client = make_client(settings)
-    print(client.enqueue(_checked(client, inputs, model, priority)))
+    print(client.jobs.enqueue(_checked(client, inputs, model, priority)))
 
 
 @app.command()

@@ -101,7 +101,7 @@ def _run(
     jobs = {}
     for model, items in plan.items.items():
         call = InferCall(str(uuid.uuid4()), model, items, priority, 0, len(items), None, time.time())
-        jobs[model] = client.enqueue(call)
+        jobs[model] = client.jobs.enqueue(call)
         console.print(Text(f"job {jobs[model]}: {len(items)} inputs on {model}"))
     try:
         _follow(client, jobs, sum(len(items) for items in plan.items.values()))

@@ -29,7 +29,8 @@ def purge(
     from worker.store.values import JobSpec
 
     settings = get_settings()
-    store = make_client(settings).store
+    client = make_client(settings)
+    store = client.store
     broker = None if settings.embedded else _Broker(settings)
     jobs = _unfinished(store)
     pending = broker.pending.all() if broker else {}
@@ -40,9 +41,11 @@ def purge(
         for job in jobs:
             store.cancel(job.job_id)
             store.end_missing(job, PURGED_ERROR)
+        if pending:
+            store.ensure_sqlite_schema()
         for job_id, record in pending.items():
+            client.jobs.cancel(job_id)  # known only to Redis: the port records it in SQL as cancelled
             job = JobSpec(job_id, record["model"], record["priority"], int(record["total"]))
-            store.create_job(job, create_schema=True, state="cancelled")
             store.end_missing(job, PURGED_ERROR)
     broker_part = ""
     if broker is not None:

@@ -347,7 +347,7 @@ class JobRun:
                     f"{self.path} changed while it ran: the job {self.call.job_id} is cancelled"
                 )
             if items:
-                self.client.publish(replace(self.call, inputs=items, offset=start))
+                self.client.jobs.publish(replace(self.call, inputs=items, offset=start))
                 sent = True
             if time.monotonic() > until:
                 break
@@ -380,7 +380,7 @@ class JobRun:
             pass
         if self.written >= self.call.total:
             return
-        if self.status.state == "cancelled":
+        if self.status.state == _cancelled():
             self.cancel()
             return
         self._write_rest(f"no result was stored (the job {self.status.state}: {self.status.error or '?'})")
@@ -435,6 +435,12 @@ def window_items(path: Path, total: int) -> int:
 
 
 def _finished() -> tuple[str, ...]:
-    from worker.store.values import FINISHED_STATES
+    from worker.store.values import FINISHED_STATES  # lazily: the store's package loads SQLAlchemy
 
     return FINISHED_STATES
+
+
+def _cancelled() -> str:
+    from worker.store.values import JobState
+
+    return JobState.CANCELLED

@@ -19,7 +19,7 @@ from sqlalchemy import ColumnElement, Engine, Select, String, func, select, tupl
 from worker.bounds import is_job_id
 from worker.store import tables
 from worker.store.rows import job_status_of
-from worker.store.values import UNFINISHED_STATES, JobStatus
+from worker.store.values import UNFINISHED_STATES, JobState, JobStatus
 
 
 class InvalidCursor(ValueError):
@@ -42,7 +42,7 @@ class JobCatalog:
         self,
         tenants: Collection[str],
         *,
-        state: str | None = None,
+        state: JobState | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> JobPage:
@@ -56,7 +56,7 @@ class JobCatalog:
         if state is not None:
             query = query.where(job.state == state)
         if cursor is not None:
-            created_at, job_id = _decode_cursor(cursor)
+            created_at, job_id = decode_cursor(cursor)
             query = query.where(tuple_(job.created_at, job.id) < tuple_(created_at, job_id))
         query = query.order_by(job.created_at.desc(), job.id.desc()).limit(limit + 1)
         with self.engine.connect() as conn:
@@ -65,7 +65,7 @@ class JobCatalog:
         if len(jobs) <= limit:
             return JobPage(jobs, None)
         last = jobs[limit - 1]
-        return JobPage(jobs[:limit], _encode_cursor(last.created_at, last.job_id))
+        return JobPage(jobs[:limit], encode_cursor(last.created_at, last.job_id))
 
     def unfinished_items(self, tenant: str) -> int:
         """Items of the tenant's queued and running jobs that have no outcome yet."""
@@ -98,12 +98,12 @@ def _error_kind(error: ColumnElement[str | None], dialect: str) -> ColumnElement
     return func.substr(error, 1, func.instr(error + ":", ":") - 1, type_=String())
 
 
-def _encode_cursor(created_at: datetime, job_id: str) -> str:
+def encode_cursor(created_at: datetime, job_id: str) -> str:
     raw = orjson.dumps([created_at.isoformat(), job_id])
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created_at, job_id = orjson.loads(raw)

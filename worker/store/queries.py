@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, Select, String, bindparam, case, func, select
 
 from worker.store import tables
-from worker.store.values import JobSpec
+from worker.store.values import JobSpec, JobState
 
 # How many of a failed job's most common errors status reports.
 TOP_ERRORS = 5
@@ -41,7 +41,7 @@ def check_jobs(conn: Connection, specs: list[JobSpec]) -> JobChecks:
         model, total, state = stored.get(spec.job_id, (spec.model, spec.total, None))
         if (model, total) != (spec.model, spec.total):
             disagreeing.add(spec.job_id)
-        elif state == "cancelled":
+        elif state == JobState.CANCELLED:
             cancelled.add(spec.job_id)
     return JobChecks(disagreeing, cancelled)
 

@@ -31,6 +31,7 @@ from worker.store.values import (
     ItemColumns,
     ItemOutcome,
     JobSpec,
+    JobState,
     JobStatus,
     Stored,
     TokenCount,
@@ -107,7 +108,7 @@ class ResultStore:
         spec: JobSpec,
         *,
         create_schema: bool = False,
-        state: str = "queued",
+        state: JobState = JobState.QUEUED,
         tenant: str = "default",
         metadata: Any = None,
     ) -> bool:
@@ -122,18 +123,22 @@ class ResultStore:
 
     def fail_job(self, job_id: str, error: str) -> None:
         """Mark a job failed as a whole (e.g. its submit could not publish); a finished job is left alone."""
-        self._finish(job_id, "failed", error)
+        self._finish(job_id, JobState.FAILED, error)
 
     def fail_new_job(self, spec: JobSpec, error: str) -> bool:
         """Record a job that failed as a whole before any item ran (a refused message), unless a job with
         its id already exists: a message never changes another job's state."""
-        row = {**rows.job_row(spec, _utcnow(), "failed"), "error": error}
+        row = {**rows.job_row(spec, _utcnow(), JobState.FAILED), "error": error}
         with self.engine.begin() as conn:
             return bool(bulk.insert_jobs(conn, [row]))
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a queued or running job; False when it is unknown or already finished."""
-        return False if self._absent() or not is_job_id(job_id) else self._finish(job_id, "cancelled", None)
+        return (
+            False
+            if self._absent() or not is_job_id(job_id)
+            else self._finish(job_id, JobState.CANCELLED, None)
+        )
 
     def status(self, job_id: str, tenants: Collection[str] | None = None) -> JobStatus | None:
         """The job's state, counts and most common errors, or None for a job never recorded here (or, given
@@ -342,17 +347,17 @@ class ResultStore:
         ids = list(job_ids)
         if not ids:
             return set()
-        query = select(_JOB.id).where(_JOB.id.in_(ids), _JOB.state == "cancelled")
+        query = select(_JOB.id).where(_JOB.id.in_(ids), _JOB.state == JobState.CANCELLED.value)
         with self.engine.connect() as conn:
             return set(conn.scalars(query))
 
     # -- inside -----------------------------------------------------------------------------
 
-    def _finish(self, job_id: str, state: str, error: str | None) -> bool:
+    def _finish(self, job_id: str, state: JobState, error: str | None) -> bool:
         stmt = (
             update(tables.jobs)
             .where(_JOB.id == job_id, _JOB.state.in_(UNFINISHED_STATES))
-            .values(state=state, error=error, finished_at=_utcnow())
+            .values(state=state.value, error=error, finished_at=_utcnow())
         )
         with client_errors(self.url), self.engine.begin() as conn:
             return conn.execute(stmt).rowcount == 1

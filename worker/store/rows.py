@@ -20,6 +20,7 @@ from worker.store.values import (
     ItemColumns,
     ItemOutcome,
     JobSpec,
+    JobState,
     JobStatus,
     TokenCount,
 )
@@ -42,10 +43,10 @@ def _progress_statement(given: Any = None) -> Update:
     # Every right-hand side reads the row as it was before this UPDATE, on PostgreSQL and SQLite alike.
     state = case(
         (finished, job.state),
-        (~complete, "running"),
-        (failed == 0, "succeeded"),
-        (done == 0, "failed"),
-        else_="partial",
+        (~complete, JobState.RUNNING.value),
+        (failed == 0, JobState.SUCCEEDED.value),
+        (done == 0, JobState.FAILED.value),
+        else_=JobState.PARTIAL.value,
     )
     return (
         update(tables.jobs)
@@ -75,17 +76,17 @@ PROGRESS = _progress_statement()
 PROGRESS_OF_MANY = _progress_of_many()
 
 
-def job_row(spec: JobSpec, now: datetime, state: str = "queued") -> dict[str, Any]:
+def job_row(spec: JobSpec, now: datetime, state: JobState = JobState.QUEUED) -> dict[str, Any]:
     return {
         "id": spec.job_id,
         "model": spec.model,
         "priority": spec.priority,
-        "state": state,
+        "state": state.value,
         "total": spec.total,
         "done": 0,
         "failed": 0,
         "created_at": now if spec.created_at is None else datetime.fromtimestamp(spec.created_at, UTC),
-        "finished_at": None if state == "queued" else now,
+        "finished_at": None if state == JobState.QUEUED else now,
     }
 
 
@@ -180,6 +181,7 @@ def job_status_of(names: Sequence[str], values: Sequence[Any]) -> JobStatus:
     """A JobStatus from a jobs row's column names and values."""
     fields = dict(zip(names, values, strict=True))
     fields["job_id"] = fields.pop("id")
+    fields["state"] = JobState(fields["state"])
     return JobStatus(**fields)
 
 

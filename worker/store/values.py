@@ -8,11 +8,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
+
+class JobState(StrEnum):
+    """A job's state, as the jobs table stores it and every surface shows it (a str: it compares equal to
+    its value, and JSON and SQL take it as its value)."""
+
+    QUEUED = "queued"  # accepted; no item stored yet
+    RUNNING = "running"  # some items stored
+    SUCCEEDED = "succeeded"  # every item stored with an output
+    FAILED = "failed"  # every item failed, or the job as a whole (its error says why)
+    PARTIAL = "partial"  # every item stored, some failed
+    CANCELLED = "cancelled"
+
+
 # A job in one of these states never changes state again (late or redelivered results still count).
-FINISHED_STATES = ("succeeded", "failed", "partial", "cancelled")
-UNFINISHED_STATES = ("queued", "running")
+FINISHED_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.PARTIAL, JobState.CANCELLED)
+UNFINISHED_STATES = (JobState.QUEUED, JobState.RUNNING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +171,7 @@ class JobStatus:
     job_id: str
     model: str
     priority: str
-    state: str
+    state: JobState
     total: int
     done: int
     failed: int
