@@ -17,8 +17,8 @@ from worker.broker.producer import broker_redis, broker_unavailable
 from worker.client import Client
 from worker.errors import SetupError
 from worker.settings import Settings
+from worker.store.api_keys import KeyStore
 from worker.store.catalog import JobCatalog
-from worker.store.keys import KeyStore
 from worker.store.results import ResultStore
 
 

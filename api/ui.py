@@ -17,7 +17,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from api.auth import COOKIE, backend, find_key, page_caller
 from api.backend import Backend
-from worker.store.keys import ApiKey
+from worker.store.api_keys import ApiKey
 from worker.store.results import BatchRecord
 
 router = APIRouter(prefix="/ui", include_in_schema=False)

@@ -15,7 +15,7 @@ from tests.integration.tcp_proxy import TcpProxy
 from worker.calls import InferCall
 from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal
 from worker.runtime.outbox import Settled
-from worker.runtime.storing import Storer
+from worker.runtime.store_thread import Storer
 from worker.store.results import ResultStore
 from worker.store.values import BatchRecord, ItemOutcome, JobSpec
 

@@ -20,16 +20,16 @@ from worker.batching.scheduler import Scheduler
 from worker.broker.census import MessageCensus
 from worker.models.device import device_kind
 from worker.runtime.deliveries import Delivery, Holdings, Message
-from worker.runtime.executor import Executor
-from worker.runtime.intake import Intake
 from worker.runtime.journal import Journal
 from worker.runtime.loaded_models import LoadedModels
 from worker.runtime.lost_items import LostItems
 from worker.runtime.outbox import Outbox
 from worker.runtime.ports import TunedStore, WorkerStore
+from worker.runtime.prepare_thread import Preparer
+from worker.runtime.run_thread import Runner
 from worker.runtime.shared import Shared
-from worker.runtime.storing import Storer
-from worker.runtime.tuned import TunedLimitsWatcher
+from worker.runtime.store_thread import Storer
+from worker.runtime.tuned_watch import TunedLimitsWatcher
 from worker.runtime.watch import CancelWatch
 from worker.settings import Settings
 
@@ -82,12 +82,12 @@ class Engine:
             journal,
             clock,
         )
-        self.intake = Intake(shared)
-        self.executor = Executor(shared, self.cancels, worker_name, self.tuned.record_out_of_memory)
+        self.preparer = Preparer(shared)
+        self.runner = Runner(shared, self.cancels, worker_name, self.tuned.record_out_of_memory)
         self.ready = threading.Event()
         self._threads = {
-            "prepare": threading.Thread(target=self.intake.loop, name="batchwork-prepare", daemon=True),
-            "run": threading.Thread(target=self.executor.loop, name="batchwork-run", daemon=True),
+            "prepare": threading.Thread(target=self.preparer.loop, name="batchwork-prepare", daemon=True),
+            "run": threading.Thread(target=self.runner.loop, name="batchwork-run", daemon=True),
             "store": threading.Thread(target=self.storer.loop, name="batchwork-store", daemon=True),
             "watch": threading.Thread(target=self.cancels.loop, name="batchwork-watch", daemon=True),
         }
@@ -106,7 +106,7 @@ class Engine:
         """Called by the consumer for each message; must return at once."""
         delivery = Delivery(message, self.clock())
         self.holdings.received(delivery)
-        self.intake.deliveries.put(delivery)
+        self.preparer.deliveries.put(delivery)
 
     def stalled_s(self) -> float:
         """How long the store has failed every write (0 while it makes progress)."""
@@ -131,9 +131,9 @@ class Engine:
         """
         threads = self._threads
         self.lost.stop()
-        self.intake.deliveries.put(None)
+        self.preparer.deliveries.put(None)
         threads["prepare"].join(timeout_s)
-        self.executor.stop()
+        self.runner.stop()
         threads["run"].join(timeout_s)
         self.cancels.stop()
         self.storer.work.put(None)

@@ -17,8 +17,8 @@ from prometheus_client.registry import Collector
 
 from worker.batching.policy import PRIORITIES
 from worker.runtime.deliveries import Holdings, Message, Outcomes
+from worker.runtime.forward import Report
 from worker.runtime.loaded_models import LoadedModels
-from worker.runtime.runner import Report
 from worker.settings import Settings
 from worker.store.values import BatchRecord
 

@@ -11,9 +11,9 @@ import logging
 from worker.calls import job_id_of
 from worker.errors import InvalidInput
 from worker.runtime.deliveries import Delivery, Holdings, Refusal
+from worker.runtime.forward import error_text
 from worker.runtime.outbox import Outbox, Settled
 from worker.runtime.ports import WorkerStore
-from worker.runtime.runner import error_text
 from worker.store.db import is_transient
 from worker.store.values import JobSpec
 

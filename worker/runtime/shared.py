@@ -14,7 +14,7 @@ from worker.runtime.deliveries import Holdings
 from worker.runtime.journal import Journal
 from worker.runtime.loaded_models import LoadedModels
 from worker.runtime.outbox import Outbox
-from worker.runtime.storing import Storer
+from worker.runtime.store_thread import Storer
 from worker.settings import Settings
 
 

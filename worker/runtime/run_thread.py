@@ -19,8 +19,8 @@ from operator import attrgetter
 from worker.batching.scheduler import Batch, Item
 from worker.runtime import metrics
 from worker.runtime.deliveries import Delivery, Outcomes, Pack, TokenReport
+from worker.runtime.forward import run_batch
 from worker.runtime.loaded_models import Stepping
-from worker.runtime.runner import run_batch
 from worker.runtime.shared import Shared
 from worker.runtime.watch import CancelWatch
 from worker.store.values import BatchRecord, ItemOutcome, TokenCount
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 Work = Batch | Stepping
 
 
-class Executor:
+class Runner:
     def __init__(
         self,
         shared: Shared,

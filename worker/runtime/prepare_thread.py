@@ -22,9 +22,9 @@ from worker.calls import InferCall, check_item, item_id, parse_message, plain_te
 from worker.errors import InvalidInput
 from worker.models.base import Model, StepModel
 from worker.runtime.deliveries import Delivery, Outcomes, Pack, Refusal
+from worker.runtime.forward import error_text
 from worker.runtime.journal import DEATHS_ERROR
 from worker.runtime.loaded_models import ISOLATED
-from worker.runtime.runner import error_text
 from worker.runtime.shared import Shared
 from worker.store.values import ItemOutcome
 
@@ -35,7 +35,7 @@ MAX_GROUP = 256
 MAX_GROUP_ITEMS = 2048
 
 
-class Intake:
+class Preparer:
     def __init__(self, shared: Shared) -> None:
         self.settings, self.models, self.scheduler = shared.settings, shared.models, shared.scheduler
         self.ready = shared.ready  # guards the scheduler; notified when items were added
