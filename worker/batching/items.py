@@ -25,13 +25,18 @@ class Item:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    lane: LaneKey
+    key: LaneKey  # (model, lane): the lane the batch came from
     items: tuple[Item, ...]
     formed_at: float
 
     @property
     def model(self) -> str:
-        return self.lane[0]
+        return self.key[0]
+
+    @property
+    def lane(self) -> str:
+        """The lane's name (its priority), as everywhere else a lane is named."""
+        return self.key[1]
 
     @property
     def real_tokens(self) -> int:

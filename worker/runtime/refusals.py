@@ -37,7 +37,6 @@ class Refusals:
             self._fail_new_job(spec, refusal.error, delivery.task_id)
         self.holdings.acknowledged([delivery])
         self.outbox.settle(Settled([delivery]))
-        self.outbox.event("task-failed", delivery, exception=refusal.error, traceback="")
 
     def _fail_new_job(self, spec: JobSpec, error: str, task_id: str) -> None:
         """Record the refused message's job as failed. A message carries what it likes, and the refusal
