@@ -12,8 +12,8 @@ from typing import Any
 LaneKey = tuple[str, str]  # (model, priority)
 
 
-# Not frozen: a frozen dataclass's __init__ costs several times a plain one, and the intake makes one Item per
-# item received (a 200,000-item job makes 200,000). Nothing changes an Item after it is made.
+# Not frozen: a frozen dataclass's __init__ costs several times a plain one, and the prepare thread makes one
+# Item per item received (a 200,000-item job makes 200,000). Nothing changes an Item after it is made.
 @dataclass(slots=True, unsafe_hash=True)
 class Item:
     job_id: str

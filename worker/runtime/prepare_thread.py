@@ -64,7 +64,7 @@ class Preparer:
             for delivery in group:
                 try:
                     self.take(delivery, items)
-                except Exception:  # never let one message stop the intake
+                except Exception:  # never let one message stop the prepare thread
                     log.exception("could not take message %s", delivery.task_id[:80])
                     if delivery.call is None:
                         self.results.put(Refusal(delivery, "internal error while preparing the message"))

@@ -68,7 +68,7 @@ class Runner:
                         self.results.put(self._run(unit))
                     else:
                         self._step(unit)
-                except Exception:  # the runner isolates model errors; this is a bug of ours
+                except Exception:  # run_batch isolates model errors; this is a bug of ours
                     log.exception("running %s failed", unit)
 
     def _next_work(self) -> list[Work] | None:
