@@ -14,7 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from api.backend import Backend
-from worker.store.keys import ApiKey
+from worker.store.api_keys import ApiKey
 
 COOKIE = "batchwork_key"
 UNAUTHORIZED = "missing, unknown or revoked API key: send 'Authorization: Bearer KEY' (batchwork keys create)"

@@ -18,8 +18,8 @@ from worker.client import Client
 from worker.errors import SetupError
 from worker.jobs import Jobs, RedisMessages
 from worker.settings import Settings
+from worker.store.api_keys import KeyStore
 from worker.store.catalog import JobCatalog
-from worker.store.keys import KeyStore
 from worker.store.results import ResultStore
 
 

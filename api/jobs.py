@@ -28,8 +28,8 @@ from api.spool import CheckedPiece, NdjsonSpool, Piece
 from worker.bounds import MAX_COUNT
 from worker.calls import InferCall, expiry
 from worker.models.registry import served_models
+from worker.store.api_keys import ApiKey
 from worker.store.catalog import InvalidCursor
-from worker.store.keys import ApiKey
 from worker.store.values import JobState, JobStatus
 
 router = APIRouter(prefix="/v1", responses=error_responses(401, 422))

@@ -43,8 +43,8 @@ from worker.models.registry import model_class
 from worker.openai_compat.requests import EMBEDDINGS, RequestError, parse_request
 from worker.openai_compat.responses import OutputError, embeddings_body
 from worker.openai_compat.tokens import count_tokens, detokenize
+from worker.store.api_keys import ApiKey
 from worker.store.files import BatchStore, FileRecord, FileStore, utcnow
-from worker.store.keys import ApiKey
 
 router = APIRouter(prefix="/v1", responses=error_responses(401, 422), tags=["openai"])
 

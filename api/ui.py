@@ -17,8 +17,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from api.auth import COOKIE, backend, find_key, page_caller
 from api.backend import Backend
+from worker.store.api_keys import ApiKey
 from worker.store.catalog import JobPage
-from worker.store.keys import ApiKey
 from worker.store.results import BatchRecord
 from worker.store.values import FINISHED_STATES, JobState
 

@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     h.header("bench.api", args)
     with h.stack() as found:
         from worker.client import Client
-        from worker.store.keys import KeyStore
+        from worker.store.api_keys import KeyStore
 
         key = KeyStore(Client().store.engine).create("bench")[1]
         if args.auth:
@@ -157,7 +157,7 @@ def serve(variant: str, port: int) -> None:
 
     app = create_app()
     if variant == "no-lookup":
-        from worker.store.keys import ApiKey
+        from worker.store.api_keys import ApiKey
 
         keys = app.state.backend.keys.all()
 

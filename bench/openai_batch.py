@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _key(database_url: str) -> str:
-    from worker.store.keys import KeyStore
+    from worker.store.api_keys import KeyStore
     from worker.store.results import ResultStore
 
     return KeyStore(ResultStore.for_url(database_url).engine).create("bench")[1]

@@ -20,7 +20,7 @@ from worker.bounds import check_json, is_job_id
 from worker.errors import JobNotFound, NoWorker
 from worker.models.registry import model_class
 from worker.settings import Settings, get_settings
-from worker.store.keys import DEFAULT_TENANT
+from worker.store.api_keys import DEFAULT_TENANT
 from worker.store.values import BatchRecord, ItemOutcome, JobSpec, JobState, JobStatus
 
 if TYPE_CHECKING:

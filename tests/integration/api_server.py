@@ -11,8 +11,8 @@ import httpx
 import orjson
 
 from tests.integration.processes import CommandProcess, wait_until
+from worker.store.api_keys import KeyStore
 from worker.store.db import make_engine
-from worker.store.keys import KeyStore
 from worker.store.values import FINISHED_STATES
 
 T = TypeVar("T")

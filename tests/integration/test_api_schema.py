@@ -24,8 +24,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tests.integration.api_server import api_server, make_key
 from tests.integration.processes import service_env
+from worker.store.api_keys import KeyStore
 from worker.store.db import make_engine
-from worker.store.keys import KeyStore
 from worker.store.results import ResultStore
 
 EXAMPLES_PER_ROUTE = 50

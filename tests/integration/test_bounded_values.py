@@ -20,11 +20,11 @@ from worker.bounds import MAX_COUNT
 from worker.client import Client
 from worker.errors import InvalidInput, JobNotFound
 from worker.runtime.deliveries import Holdings, Outcomes
-from worker.runtime.runner import error_text
-from worker.runtime.storing import Storer
+from worker.runtime.forward import error_text
+from worker.runtime.store_thread import Storer
 from worker.settings import Settings
 from worker.store import tables
-from worker.store.keys import KeyStore
+from worker.store.api_keys import KeyStore
 from worker.store.results import ResultStore
 from worker.store.values import ItemOutcome, JobSpec
 

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from tests.integration.processes import batchwork, wait_finished, workers
 from worker.broker.keys import Keys
-from worker.store.keys import KeyStore
+from worker.store.api_keys import KeyStore
 from worker.store.results import ResultStore
 
 

@@ -14,8 +14,10 @@ from sqlalchemy.engine import make_url
 from tests.integration.tcp_proxy import TcpProxy
 from worker.calls import InferCall
 from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal
+from worker.runtime.hooks import Hooks
+from worker.runtime.hooks.task_events import TaskEvents
 from worker.runtime.outbox import Settled
-from worker.runtime.storing import Storer
+from worker.runtime.store_thread import Storer
 from worker.store.results import ResultStore
 from worker.store.values import BatchRecord, ItemOutcome, JobSpec
 
@@ -145,7 +147,7 @@ def test_a_refused_message_never_fails_an_existing_job(pg_store: ResultStore) ->
     fresh_task = str(uuid.uuid4())
     own = Delivery(FakeMessage(fresh_task, {"model": "noop", "inputs": "abc"}), 0.0)
     outbox = FakeOutbox()
-    storer = Storer(pg_store, outbox, Holdings())  # type: ignore[arg-type]
+    storer = Storer(pg_store, outbox, Holdings(), Hooks([TaskEvents(outbox)]))  # type: ignore[arg-type]
     run(storer, Refusal(hostile, "invalid message"), Refusal(own, "invalid: x"))
     existing_status = pg_store.status(existing.job_id)
     assert existing_status is not None and existing_status.state == "queued"

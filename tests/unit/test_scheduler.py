@@ -106,7 +106,7 @@ def test_a_batch_never_mixes_models_and_the_urgent_lane_goes_first() -> None:
     lanes = []
     while (batch := s.next_batch(now=0.0)) is not None:
         assert len({it.job_id for it in batch.items}) == 1
-        lanes.append(batch.lane)
+        lanes.append(batch.key)
     assert lanes == [("m", "high"), ("m", "normal"), ("other", "normal")]
 
 
@@ -151,10 +151,10 @@ def test_every_item_lands_in_exactly_one_batch_and_deadlines_hold(events) -> Non
     taken = [(it.job_id, it.index) for b in batches for it in b.items]
     assert sorted(taken) == sorted((job, i) for job, last in counters.items() for i in range(last + 1))
     for b in batches:
-        assert all(it.ref == b.lane for it in b.items)  # no mixing of models or priorities
-        assert len(b.items) <= policies[b.lane].max_batch_size
+        assert all(it.ref == b.key for it in b.items)  # no mixing of models or priorities
+        assert len(b.items) <= policies[b.key].max_batch_size
         # A free runner takes a batch no later than its oldest item's deadline.
-        assert b.oldest_wait_s <= policies[b.lane].max_wait_s + 0.01 + 1e-9
+        assert b.oldest_wait_s <= policies[b.key].max_wait_s + 0.01 + 1e-9
 
 
 messages = st.lists(

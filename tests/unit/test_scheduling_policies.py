@@ -96,7 +96,7 @@ def test_the_most_urgent_ready_lane_goes_first() -> None:
     assert s.next_batch(0.002) is not None  # bulk is full, high not yet due: bulk runs
     s.add("m", "bulk", Item("b", 99, 1, 0.002))
     batch = s.next_batch(0.006)  # high's 5 ms are up; bulk's one item is not due
-    assert batch is not None and batch.lane == ("m", "high")
+    assert batch is not None and batch.key == ("m", "high")
 
 
 def test_aging_bounds_how_long_bulk_waits_under_an_endless_high_flood() -> None:
@@ -108,7 +108,7 @@ def test_aging_bounds_how_long_bulk_waits_under_an_endless_high_flood() -> None:
             s.add("m", "high", Item("h", index, 1, now))
             index += 1
         batch = s.next_batch(now)
-        if batch is not None and batch.lane[1] == "bulk":
+        if batch is not None and batch.lane == "bulk":
             served_bulk_at = now
         now += 0.001
     assert served_bulk_at is not None and 2.0 <= served_bulk_at <= 2.0 + 0.002
@@ -149,7 +149,7 @@ def test_composed_policies_place_every_item_once_within_budget_and_bucket(arriva
             batches.append(batch)
     assert sorted(it.index for b in batches for it in b.items) == list(range(len(arrivals)))
     for b in batches:
-        policy = lane_policy(model, b.lane[1])
+        policy = lane_policy(model, b.lane)
         assert len(b.items) <= policy.max_batch_size
         assert len(b.items) == 1 or b.padded_tokens <= 160
         # Items wait at most T past the moment a free runner could take them (arrival gaps <= 20 ms).
@@ -161,14 +161,14 @@ def test_a_lane_working_through_its_own_backlog_is_not_starving() -> None:
     for i in range(1000):  # a backlog that takes many batches
         s.add("m", "bulk", Item("b", i, 1, 0.0))
     first = s.next_batch(3.0)  # waited 3 s unserved: bulk goes first, as the bound says
-    assert first is not None and first.lane[1] == "bulk"
+    assert first is not None and first.lane == "bulk"
     now, high_waits = 3.1, []
     for step in range(20):  # bulk batches keep running; a high item arrives every other boundary
         if step % 2 == 0:
             s.add("m", "high", Item("h", step, 1, now))
         batch = s.next_batch(now + 0.006)
         assert batch is not None
-        if batch.lane[1] == "high":
+        if batch.lane == "high":
             high_waits.append(batch.oldest_wait_s)
         now += 0.1
     # Bulk's items are old, but the lane is served at every other boundary: high is never held back.

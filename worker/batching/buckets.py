@@ -1,8 +1,8 @@
 """One length bucket of a lane: items queued per job, taken in turns within N and a token budget.
 
 Every operation costs O(items taken · log jobs), never a scan of the jobs held: a worker may hold tens of
-thousands of single-item jobs, and the scheduler runs under the lock the intake also needs. Pure: items
-and numbers only; never imports an edge of the system.
+thousands of single-item jobs, and the scheduler runs under the lock the prepare thread also needs. Pure:
+items and numbers only; never imports an edge of the system.
 """
 
 from __future__ import annotations

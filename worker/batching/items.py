@@ -12,8 +12,8 @@ from typing import Any
 LaneKey = tuple[str, str]  # (model, priority)
 
 
-# Not frozen: a frozen dataclass's __init__ costs several times a plain one, and the intake makes one Item per
-# item received (a 200,000-item job makes 200,000). Nothing changes an Item after it is made.
+# Not frozen: a frozen dataclass's __init__ costs several times a plain one, and the prepare thread makes one
+# Item per item received (a 200,000-item job makes 200,000). Nothing changes an Item after it is made.
 @dataclass(slots=True, unsafe_hash=True)
 class Item:
     job_id: str
@@ -25,13 +25,18 @@ class Item:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    lane: LaneKey
+    key: LaneKey  # (model, lane): the lane the batch came from
     items: tuple[Item, ...]
     formed_at: float
 
     @property
     def model(self) -> str:
-        return self.lane[0]
+        return self.key[0]
+
+    @property
+    def lane(self) -> str:
+        """The lane's name (its priority), as everywhere else a lane is named."""
+        return self.key[1]
 
     @property
     def real_tokens(self) -> int:

@@ -61,7 +61,7 @@ class Scheduler:
         if out_of_memory_at is not None:
             limit.ran_out_of_memory(out_of_memory_at, largest_ok)
         else:
-            limit.succeeded(len(batch.items), self._lanes[batch.lane].configured.max_batch_size)
+            limit.succeeded(len(batch.items), self._lanes[batch.key].configured.max_batch_size)
         if limit.cap == before:
             return False, limit.cap
         for (model, _), lane in self._lanes.items():

@@ -139,8 +139,8 @@ app.add_typer(keys_app, name="keys")
 @contextmanager
 def _key_store() -> Iterator[Any]:
     """The KeyStore of BATCHWORK_DATABASE_URL; a database error ends the command in one line."""
+    from worker.store.api_keys import KeyStore
     from worker.store.db import client_errors
-    from worker.store.keys import KeyStore
 
     store = make_client().store
     store.ensure_sqlite_schema()

@@ -18,10 +18,10 @@ from worker.batching.policy import PRIORITIES
 from worker.broker.census import MessageCensus
 from worker.broker.keys import Keys
 from worker.celery_compat import celery_seams
-from worker.runtime import metrics
 from worker.runtime.deliveries import Message
 from worker.runtime.engine import Engine
-from worker.runtime.journal import Journal
+from worker.runtime.hooks import metrics
+from worker.runtime.hooks.journal import Journal
 from worker.runtime.outbox import IntakeThrottle, LeaseRenewal, Outbox
 from worker.settings import Settings, get_settings
 

@@ -61,7 +61,7 @@ class Pack:
     """What the engine keeps of a message's items while they wait, as columns by position in the message:
     payloads (None for items that will not run) and the users' ids; whether the message's earlier worker
     died (its items are suspects, journaled before they run) and which positions must run alone (see
-    runtime/journal.py). Every Item of the message refers to it; nothing is kept per item but the Item."""
+    hooks/journal.py). Every Item of the message refers to it; nothing is kept per item but the Item."""
 
     delivery: Delivery
     offset: int  # the job index of position 0

@@ -1,11 +1,13 @@
 """The batching engine inside one worker: deliveries in, stored outcomes and acks out.
 
-Four threads, one way: the *prepare* thread (intake.py) decodes messages, checks and tokenizes their items
-and queues them in the scheduler; the *run* thread (executor.py) takes the next batch when the model is free
-and runs it (or admits items and runs one step); the *store* thread (storing.py) commits each group of
-batches in one transaction and only then hands complete messages to the outbox, whose acks the consumer's
-thread sends; the *watch* thread (watch.py) keeps the set of cancelled jobs fresh. The model never waits for
-receiving, tokenizing, storing or the database. This module only wires them.
+Four threads, one way: the *prepare* thread (prepare_thread.py) decodes messages, checks and tokenizes
+their items and queues them in the scheduler; the *run* thread (run_thread.py) takes the next batch when
+the model is free and runs it (or admits items and runs one step); the *store* thread (store_thread.py)
+commits each group of batches in one transaction and only then hands complete messages to the outbox, whose
+acks the consumer's thread sends; the *watch* thread (hooks/cancellation.py) keeps the set of cancelled jobs
+fresh. The model never waits for receiving, tokenizing, storing or the database. What concerns every stage
+(cancellation, deadlines, the journal of suspect items, task events, metrics) is a hook each (hooks/),
+called by the threads at fixed points. This module only wires them.
 """
 
 from __future__ import annotations
@@ -20,17 +22,20 @@ from worker.batching.scheduler import Scheduler
 from worker.broker.census import MessageCensus
 from worker.models.device import device_kind
 from worker.runtime.deliveries import Delivery, Holdings, Message
-from worker.runtime.executor import Executor
-from worker.runtime.intake import Intake
-from worker.runtime.journal import Journal
+from worker.runtime.hooks import Hook, Hooks
+from worker.runtime.hooks.cancellation import Cancellation
+from worker.runtime.hooks.deadlines import Deadlines
+from worker.runtime.hooks.journal import Journal, PoisonItems
+from worker.runtime.hooks.metrics import Metrics
+from worker.runtime.hooks.task_events import TaskEvents
 from worker.runtime.loaded_models import LoadedModels
 from worker.runtime.lost_items import LostItems
 from worker.runtime.outbox import Outbox
 from worker.runtime.ports import TunedStore, WorkerStore
-from worker.runtime.shared import Shared
-from worker.runtime.storing import Storer
-from worker.runtime.tuned import TunedLimitsWatcher
-from worker.runtime.watch import CancelWatch
+from worker.runtime.prepare_thread import Preparer
+from worker.runtime.run_thread import Runner
+from worker.runtime.store_thread import Storer
+from worker.runtime.tuned_watch import TunedLimitsWatcher
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -66,28 +71,42 @@ class Engine:
         )
         self.models = LoadedModels(settings, device, self.tuned.limits)
         self.scheduler = Scheduler(self.models.policy_for)
-        self.storer = Storer(store, outbox, self.holdings, journal)
-        self.cancels = CancelWatch(store, self.holdings)
+        self.cancels = Cancellation(store, self.holdings)
+        # In this order: a message dropped (cancelled, expired) is neither journaled nor reported started.
+        hooks: list[Hook] = [self.cancels, Deadlines()]
+        if journal is not None:
+            hooks.append(PoisonItems(journal, settings.max_deliveries))
+        hooks += [TaskEvents(outbox), Metrics()]
+        self.hooks = Hooks(hooks)
+        self.storer = Storer(store, outbox, self.holdings, self.hooks)
         self.lost = LostItems(store, census)
         self.worker_name = worker_name
-        self._ready = threading.Condition()
-        shared = Shared(
+        self._ready = threading.Condition()  # guards the scheduler
+        self.preparer = Preparer(
             settings,
             self.models,
             self.scheduler,
             self._ready,
-            self.storer,
-            outbox,
+            self.storer.work,
             self.holdings,
-            journal,
+            self.hooks,
             clock,
         )
-        self.intake = Intake(shared)
-        self.executor = Executor(shared, self.cancels, worker_name, self.tuned.record_out_of_memory)
+        self.runner = Runner(
+            settings,
+            self.models,
+            self.scheduler,
+            self._ready,
+            self.storer.work,
+            self.hooks,
+            clock,
+            worker_name,
+            self.tuned.record_out_of_memory,
+        )
         self.ready = threading.Event()
         self._threads = {
-            "prepare": threading.Thread(target=self.intake.loop, name="batchwork-prepare", daemon=True),
-            "run": threading.Thread(target=self.executor.loop, name="batchwork-run", daemon=True),
+            "prepare": threading.Thread(target=self.preparer.loop, name="batchwork-prepare", daemon=True),
+            "run": threading.Thread(target=self.runner.loop, name="batchwork-run", daemon=True),
             "store": threading.Thread(target=self.storer.loop, name="batchwork-store", daemon=True),
             "watch": threading.Thread(target=self.cancels.loop, name="batchwork-watch", daemon=True),
         }
@@ -106,7 +125,7 @@ class Engine:
         """Called by the consumer for each message; must return at once."""
         delivery = Delivery(message, self.clock())
         self.holdings.received(delivery)
-        self.intake.deliveries.put(delivery)
+        self.preparer.deliveries.put(delivery)
 
     def stalled_s(self) -> float:
         """How long the store has failed every write (0 while it makes progress)."""
@@ -131,9 +150,9 @@ class Engine:
         """
         threads = self._threads
         self.lost.stop()
-        self.intake.deliveries.put(None)
+        self.preparer.deliveries.put(None)
         threads["prepare"].join(timeout_s)
-        self.executor.stop()
+        self.runner.stop()
         threads["run"].join(timeout_s)
         self.cancels.stop()
         self.storer.work.put(None)

@@ -38,7 +38,7 @@ class LoadedModels:
     def __init__(self, settings: Settings, device: str, tuned: Callable[[str], BatchingSettings]) -> None:
         self.settings = settings
         self.device = device
-        self.tuned = tuned  # a model's tuned limits on this device kind (runtime/tuned.py), in memory
+        self.tuned = tuned  # a model's tuned limits on this device kind (runtime/tuned_watch.py), in memory
         self._loaded: dict[str, Model] = {}
         self._lock = threading.Lock()
 

@@ -11,9 +11,9 @@ import logging
 from worker.calls import job_id_of
 from worker.errors import InvalidInput
 from worker.runtime.deliveries import Delivery, Holdings, Refusal
+from worker.runtime.forward import error_text
 from worker.runtime.outbox import Outbox, Settled
 from worker.runtime.ports import WorkerStore
-from worker.runtime.runner import error_text
 from worker.store.db import is_transient
 from worker.store.values import JobSpec
 
@@ -37,7 +37,6 @@ class Refusals:
             self._fail_new_job(spec, refusal.error, delivery.task_id)
         self.holdings.acknowledged([delivery])
         self.outbox.settle(Settled([delivery]))
-        self.outbox.event("task-failed", delivery, exception=refusal.error, traceback="")
 
     def _fail_new_job(self, spec: JobSpec, error: str, task_id: str) -> None:
         """Record the refused message's job as failed. A message carries what it likes, and the refusal

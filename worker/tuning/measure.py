@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.models.base import Model
-from worker.runtime.runner import is_out_of_memory
+from worker.runtime.forward import is_out_of_memory
 from worker.settings import Settings
 from worker.tuning.curve import Point, oom_point, point_from_runs
 

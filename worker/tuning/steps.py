@@ -46,7 +46,7 @@ class StepBench:
             runs_ms = [self._timed_step(n, prompt) * 1000 for _ in range(self.pacing.runs(first_s))]
             peak = memory.peak_growth()
         except Exception as exc:
-            from worker.runtime.runner import is_out_of_memory
+            from worker.runtime.forward import is_out_of_memory
 
             if not is_out_of_memory(exc):
                 raise

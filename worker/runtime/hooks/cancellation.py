@@ -1,13 +1,17 @@
-"""The watch thread: once a second, asks the store which held jobs were cancelled, so the run thread only
-reads a set and never waits on the database.
+"""Cancellation: a cancelled job's items that have not run yet never run; each ends as "cancelled".
+
+The watch thread asks the store once a second which held jobs were cancelled, so the run thread only reads
+a set and never waits on the database.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 
-from worker.runtime.deliveries import Holdings
+from worker.runtime.deliveries import Holdings, Pack
+from worker.runtime.hooks import Hook, Run
 from worker.runtime.ports import WorkerStore
 
 log = logging.getLogger(__name__)
@@ -15,7 +19,7 @@ log = logging.getLogger(__name__)
 CANCEL_CHECK_S = 1.0
 
 
-class CancelWatch:
+class Cancellation(Hook):
     def __init__(self, store: WorkerStore, holdings: Holdings, every_s: float = CANCEL_CHECK_S) -> None:
         self.store = store
         self.holdings = holdings
@@ -23,6 +27,18 @@ class CancelWatch:
         # Replaced whole, never changed in place: the run thread reads it without a lock.
         self.cancelled: frozenset[str] = frozenset()
         self._stop = threading.Event()
+
+    def before_batch(self, runs: Sequence[Run]) -> dict[Pack, str]:
+        cancelled = self.cancelled
+        if not cancelled:
+            return {}
+        return {
+            pack: "cancelled"
+            for pack, _ in runs
+            if (call := pack.delivery.call) is not None and call.job_id in cancelled
+        }
+
+    # -- the watch thread -----------------------------------------------------------------------
 
     def loop(self) -> None:
         while not self._stop.wait(self.every_s):

@@ -18,9 +18,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from worker.runtime import metrics
 from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal, StoreWork, TokenReport
-from worker.runtime.journal import Journal
+from worker.runtime.hooks import Hooks
 from worker.runtime.outbox import Outbox, Settled
 from worker.runtime.ports import WorkerStore
 from worker.runtime.refusals import Refusals
@@ -39,12 +38,12 @@ class Stopping(Exception):
 
 class Storer:
     def __init__(
-        self, store: WorkerStore, outbox: Outbox, holdings: Holdings, journal: Journal | None = None
+        self, store: WorkerStore, outbox: Outbox, holdings: Holdings, hooks: Hooks | None = None
     ) -> None:
         self.store = store
         self.outbox = outbox
         self.holdings = holdings
-        self.journal = journal
+        self.hooks = Hooks() if hooks is None else hooks
         self.refusals = Refusals(store, outbox, holdings)
         self.work: queue.SimpleQueue[StoreWork | None] = queue.SimpleQueue()
         self._failing_since: float | None = None
@@ -135,6 +134,7 @@ class Storer:
             self._record_tokens(reports)
         for refusal in (w for w in group if isinstance(w, Refusal)):
             self._retrying(partial(self.refusals.refuse, refusal))
+            self.hooks.settled([refusal.delivery], refusal.error)
         writes = [w for w in group if isinstance(w, Outcomes)]
         if writes:
             self._retrying(partial(self._commit, writes))
@@ -237,46 +237,24 @@ class Storer:
             self._settle_alone(write, new_jobs)
 
     def _settle_alone(self, write: Outcomes, new_jobs: list[str]) -> None:
-        metrics.items_stored(write)
+        self.hooks.after_store(write)
         done: list[Delivery] = []
         released: Counter[JobSpec] = Counter()
-        suspects: list[tuple[str, int]] = []
-        errors, indices, start = write.columns.errors, write.columns.indices, 0
+        errors, start = write.columns.errors, 0
         for delivery, count in write.runs:
             delivery.pending -= count
             released[delivery.job] += count
             delivery.failed += count - errors[start : start + count].count(None)
-            if delivery.lost:
-                job_id = write.columns.job_ids[start]
-                suspects += [(job_id, index) for index in indices[start : start + count]]
             if delivery.pending == 0:
                 done.append(delivery)
             start += count
         for job, count in released.items():
             self.holdings.hold(job, -count)
-        self._cleared(suspects)
         if done or new_jobs:
             self.holdings.acknowledged(done)
             self.outbox.settle(Settled(done, new_jobs))
-        for delivery in done:
-            self._finished_event(delivery)
-
-    def _cleared(self, suspects: list[tuple[str, int]]) -> None:
-        if suspects and self.journal is not None:
-            try:
-                self.journal.stored(suspects)
-            except Exception as exc:  # a stale count only makes an item run alone once more
-                log.warning("could not clear the death counts of %d stored items: %s", len(suspects), exc)
-
-    def _finished_event(self, delivery: Delivery) -> None:
-        runtime = max(0.0, time.monotonic() - delivery.received_at)
-        items = len(delivery.call.inputs) if delivery.call else 0
-        self.outbox.event(
-            "task-succeeded",
-            delivery,
-            result=repr({"items": items, "failed": delivery.failed}),
-            runtime=runtime,
-        )
+        if done:
+            self.hooks.settled(done)
 
 
 def _jobs_of(write: Outcomes, outcomes: Sequence[ItemOutcome]) -> list[JobSpec]:

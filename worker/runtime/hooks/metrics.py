@@ -1,15 +1,16 @@
-"""A worker's Prometheus metrics: every metric object, the few calls the engine makes, and the server.
+"""A worker's Prometheus metrics: every metric object, the engine's hook that counts batches and stored
+items, the consumer's count of redelivered messages, and the server.
 
-The engine, store thread and consumer each make one call per batch, write or message (a write's items
-are tallied in one pass, then counted once per label set), and the items held, running sequences and
-preemptions are read only when Prometheus scrapes. Nothing here blocks or does I/O on the work's threads.
+One call per batch, write or message (a write's items are tallied in one pass, then counted once per label
+set); the items held, running sequences and preemptions are read only when Prometheus scrapes. Nothing here
+blocks or does I/O on the work's threads.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -17,8 +18,9 @@ from prometheus_client.registry import Collector
 
 from worker.batching.policy import PRIORITIES
 from worker.runtime.deliveries import Holdings, Message, Outcomes
+from worker.runtime.forward import Report
+from worker.runtime.hooks import Hook, Ran, Run
 from worker.runtime.loaded_models import LoadedModels
-from worker.runtime.runner import Report
 from worker.settings import Settings
 from worker.store.values import BatchRecord
 
@@ -74,7 +76,7 @@ def delivered(message: Message) -> None:
 
 
 def batch_ran(record: BatchRecord, report: Report) -> None:
-    """A batch ran on the model (engine's run thread)."""
+    """A batch ran on the model (run thread)."""
     lane = (record.model, record.lane)
     failed = report.failed
     BATCHES.labels(*lane, "error" if failed else "ok").inc()
@@ -101,6 +103,15 @@ def items_stored(write: Outcomes) -> None:
     for labels, count in tally.items():
         if count:
             ITEMS.labels(*labels).inc(count)
+
+
+class Metrics(Hook):
+    def after_batch(self, runs: Sequence[Run], ran: Ran | None) -> None:
+        if ran is not None:
+            batch_ran(ran.record, ran.report)
+
+    def after_store(self, write: Outcomes) -> None:
+        items_stored(write)
 
 
 class WorkerState(Collector):

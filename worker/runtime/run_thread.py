@@ -1,28 +1,28 @@
 """The run thread: take the next batch when the model is free and run it, or, for a model driven step by step,
 admit waiting items and run one step; hand every outcome to the store thread.
 
-It owns the device and waits on nothing else: cancellations come from the watch thread as a set, results
-leave through the storer's queue, task events through the outbox. The one exception is the journal of
-suspect items (items of a message whose worker died), written before they run: rare, and it must be durable
-before a crash it may witness.
+It owns the device and waits on nothing else: results leave through the store thread's queue, and the
+hooks (hooks/) are called before and after each batch: they may drop a message's items (cancellation,
+deadlines) and must not wait, except the journal of suspect items (items of a message whose worker died),
+written before they run: rare, and it must be durable before a crash it may witness.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+import queue
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from itertools import groupby
 from operator import attrgetter
 
-from worker.batching.scheduler import Batch, Item
-from worker.runtime import metrics
-from worker.runtime.deliveries import Delivery, Outcomes, Pack, TokenReport
-from worker.runtime.loaded_models import Stepping
-from worker.runtime.runner import run_batch
-from worker.runtime.shared import Shared
-from worker.runtime.watch import CancelWatch
+from worker.batching.scheduler import Batch, Item, Scheduler
+from worker.runtime.deliveries import Outcomes, Pack, StoreWork, TokenReport
+from worker.runtime.forward import run_batch
+from worker.runtime.hooks import Hooks, Ran, Run
+from worker.runtime.loaded_models import LoadedModels, Stepping
+from worker.settings import Settings
 from worker.store.values import BatchRecord, ItemOutcome, TokenCount
 
 log = logging.getLogger(__name__)
@@ -30,19 +30,24 @@ log = logging.getLogger(__name__)
 Work = Batch | Stepping
 
 
-class Executor:
+class Runner:
     def __init__(
         self,
-        shared: Shared,
-        cancels: CancelWatch,
+        settings: Settings,
+        models: LoadedModels,
+        scheduler: Scheduler,
+        ready: threading.Condition,
+        results: queue.SimpleQueue[StoreWork | None],
+        hooks: Hooks,
+        clock: Callable[[], float],
         worker_name: str,
         ran_out_of_memory: Callable[[str, int], None] = lambda model, size: None,
     ) -> None:
-        self.settings, self.models, self.scheduler = shared.settings, shared.models, shared.scheduler
-        self.ready = shared.ready  # guards the scheduler; the intake notifies it when items arrive
-        self.storer, self.outbox = shared.storer, shared.outbox
-        self.journal, self.clock = shared.journal, shared.clock
-        self.cancels = cancels
+        self.tokens_report_s = settings.tokens_report_s
+        self.models, self.scheduler = models, scheduler
+        self.ready = ready  # guards the scheduler; the prepare thread notifies it when items arrive
+        self.results = results  # the store thread's queue
+        self.hooks, self.clock = hooks, clock
         self.worker_name = worker_name
         self.ran_out_of_memory = ran_out_of_memory  # records the size that failed, off this thread
         self._stopping = False
@@ -60,10 +65,10 @@ class Executor:
             for unit in work:
                 try:
                     if isinstance(unit, Batch):
-                        self.storer.work.put(self._run(unit))
+                        self.results.put(self._run(unit))
                     else:
                         self._step(unit)
-                except Exception:  # the runner isolates model errors; this is a bug of ours
+                except Exception:  # run_batch isolates model errors; this is a bug of ours
                     log.exception("running %s failed", unit)
 
     def _next_work(self) -> list[Work] | None:
@@ -86,25 +91,21 @@ class Executor:
 
     def _run(self, batch: Batch) -> Outcomes:
         write = Outcomes()
-        batch = self._screen(batch, write)
+        every = _runs(batch.items)
+        runs, dropped = self.hooks.before_batch(every)
+        if dropped:
+            _store_dropped(dropped, every, write)
+            batch = Batch(batch.key, tuple(item for _, mine in runs for item in mine), batch.formed_at)
         if not batch.items:
             return write
-        runs = _runs(batch.items)
-        for pack, _, _ in runs:
-            self._mark_started(pack.delivery)
-        suspects = [item for pack, lo, hi in runs if pack.suspect for item in batch.items[lo:hi]]
-        self._journal(suspects, starting=True)
         started_at, started = datetime.now(UTC), self.clock()
         model = self.models.loaded(batch.model)
         # Per message, not per item: each run's job indices once, its payloads and ids looked up a column at
         # a time.
-        indices = [list(map(_INDEX, batch.items[lo:hi])) for _, lo, hi in runs]
-        payloads = [
-            p for (pack, _, _), mine in zip(runs, indices, strict=True) for p in pack.payloads_of(mine)
-        ]
+        indices = [list(map(_INDEX, mine)) for _, mine in runs]
+        payloads = [p for (pack, _), mine in zip(runs, indices, strict=True) for p in pack.payloads_of(mine)]
         report = run_batch(model.forward, payloads, model.release_memory)
         run_ms = (self.clock() - started) * 1000
-        self._journal(suspects, starting=False)
         with self.ready:
             changed, cap = self.scheduler.batch_ran(batch, report.out_of_memory_at, report.largest_ok)
         if changed:
@@ -113,7 +114,7 @@ class Executor:
             self.ran_out_of_memory(batch.model, report.out_of_memory_at)
         write.record = BatchRecord(
             model=batch.model,
-            lane=batch.lane[1],
+            lane=batch.lane,
             size=len(batch.items),
             real_tokens=batch.real_tokens,
             padded_tokens=batch.padded_tokens,
@@ -122,71 +123,24 @@ class Executor:
             started_at=started_at,
             worker=self.worker_name,
         )
-        metrics.batch_ran(write.record, report)
-        for (pack, lo, hi), mine in zip(runs, indices, strict=True):
-            write.extend(pack.delivery, mine, pack.ids_of(mine), report.outputs[lo:hi], report.errors[lo:hi])
+        self.hooks.after_batch(runs, Ran(write.record, report))
+        start = 0
+        for (pack, mine), mine_indices in zip(runs, indices, strict=True):
+            end = start + len(mine)
+            write.extend(
+                pack.delivery,
+                mine_indices,
+                pack.ids_of(mine_indices),
+                report.outputs[start:end],
+                report.errors[start:end],
+            )
+            start = end
         log.debug(  # per batch: at info level, 12.5% of a worker's samples under many small batches
             "batch %s/%s: %d items, tokens %d real / %d padded, oldest waited %.1f ms, ran %.1f ms",
-            *(batch.model, batch.lane[1], len(batch.items), batch.real_tokens, batch.padded_tokens),
+            *(batch.model, batch.lane, len(batch.items), batch.real_tokens, batch.padded_tokens),
             *(batch.oldest_wait_s * 1000, run_ms),
         )
         return write
-
-    def _screen(self, batch: Batch, write: Outcomes) -> Batch:
-        """The batch without items of cancelled jobs or past their job's deadline; those end as errors.
-        Decided once per message, not per item: cancellation and deadlines are the job's."""
-        dropped = {
-            pack: error
-            for pack, _, _ in _runs(batch.items)
-            if (error := self._why_dropped(pack.delivery)) is not None
-        }
-        if not dropped:
-            return batch
-        live = []
-        for item in batch.items:
-            error = dropped.get(item.ref)
-            if error is None:
-                live.append(item)
-            else:
-                pack: Pack = item.ref
-                write.add(
-                    ItemOutcome(item.job_id, item.index, pack.item_id(item.index), error=error), pack.delivery
-                )
-        return Batch(batch.lane, tuple(live), batch.formed_at)
-
-    def _why_dropped(self, delivery: Delivery) -> str | None:
-        """Why items of this message must not run (its job was cancelled or its deadline passed), if so."""
-        call = delivery.call
-        assert call is not None
-        if call.job_id in self.cancels.cancelled:
-            return "cancelled"
-        if call.expires_at is not None and time.time() > call.expires_at:
-            return "expired: not started before the job's deadline"
-        return None
-
-    def _dropped(self, item: Item, write: Outcomes) -> bool:
-        """Store why ``item`` must not run (its job was cancelled or its deadline passed), if so."""
-        pack: Pack = item.ref
-        error = self._why_dropped(pack.delivery)
-        if error is None:
-            return False
-        write.add(ItemOutcome(item.job_id, item.index, pack.item_id(item.index), error=error), pack.delivery)
-        return True
-
-    def _journal(self, suspects: list[Item], *, starting: bool) -> None:
-        """Count a death for suspects about to run (``starting``), or take it back once they returned."""
-        if not suspects or self.journal is None:
-            return
-        items = [(item.job_id, item.index) for item in suspects]
-        try:
-            (self.journal.starting if starting else self.journal.finished)(items)
-        except Exception as exc:  # run anyway: a missed count only delays the cap by one delivery
-            log.warning("could not journal %d suspect items: %s", len(suspects), exc)
-
-    def _mark_started(self, delivery: Delivery) -> None:
-        if not delivery.started:
-            delivery.started = True
-            self.outbox.event("task-started", delivery)
 
     # -- steps (continuous batching) ------------------------------------------------------------
 
@@ -202,15 +156,13 @@ class Executor:
                 item = self.scheduler.admit_next(name, now, lambda item: self._fits(stepping, item))
             if item is None:
                 break
-            if not self._dropped(item, write):
-                self._admit(stepping, item)
+            self._admit(stepping, item, write)
         for finished in model.step():
             key: Item = finished.key
             pack: Pack = key.ref
             if self._alone.get(name) is key:
                 del self._alone[name]
-            if pack.suspect:
-                self._journal([key], starting=False)
+            self.hooks.after_batch([(pack, (key,))], None)
             outcome = ItemOutcome(
                 key.job_id,
                 key.index,
@@ -221,18 +173,21 @@ class Executor:
             )
             write.add(outcome, pack.delivery)
         if len(write):
-            self.storer.work.put(write)
+            self.results.put(write)
         self._report_tokens(stepping)
 
     def _fits(self, stepping: Stepping, item: Item) -> bool:
         alone = item.ref.alone(item.index)
         return (not alone or stepping.model.running() == 0) and stepping.model.can_admit(item.length)
 
-    def _admit(self, stepping: Stepping, item: Item) -> None:
+    def _admit(self, stepping: Stepping, item: Item, write: Outcomes) -> None:
+        """Admit ``item`` to the step model, unless a hook drops it (its error goes to ``write``)."""
         pack: Pack = item.ref
-        self._mark_started(pack.delivery)
-        if pack.suspect:
-            self._journal([item], starting=True)
+        run: list[Run] = [(pack, (item,))]
+        _, dropped = self.hooks.before_batch(run)
+        if dropped:
+            _store_dropped(dropped, run, write)
+            return
         if pack.alone(item.index):
             self._alone[stepping.name] = item
         stepping.model.admit(item, pack.payload(item.index))
@@ -247,23 +202,34 @@ class Executor:
         """
         now = self.clock()
         name, model = stepping
-        if now - self._tokens_reported.get(name, float("-inf")) < self.settings.tokens_report_s:
+        if now - self._tokens_reported.get(name, float("-inf")) < self.tokens_report_s:
             return
         self._tokens_reported[name] = now
         counts = [TokenCount(item.job_id, item.index, tokens) for item, tokens in model.progress()]
         if counts:
-            self.storer.work.put(TokenReport(counts))
+            self.results.put(TokenReport(counts))
 
 
-def _runs(items: tuple[Item, ...]) -> list[tuple[Pack, int, int]]:
-    """The batch's items as runs of one message each: (its pack, first position, end position)."""
-    runs: list[tuple[Pack, int, int]] = []
+def _runs(items: tuple[Item, ...]) -> list[Run]:
+    """The batch's items as runs of one message each: (its pack, its items in the batch)."""
+    runs: list[Run] = []
     start = 0
     for pack, run in groupby(items, key=_REF):  # a Pack compares by identity (eq=False)
         end = start + len(list(run))
-        runs.append((pack, start, end))
+        runs.append((pack, items[start:end]))
         start = end
     return runs
+
+
+def _store_dropped(dropped: dict[Pack, str], runs: list[Run], write: Outcomes) -> None:
+    """The items of the messages hooks dropped (cancelled, expired) end with the hook's error, unrun."""
+    for pack, mine in runs:
+        error = dropped.get(pack)
+        if error is not None:
+            for item in mine:
+                write.add(
+                    ItemOutcome(item.job_id, item.index, pack.item_id(item.index), error=error), pack.delivery
+                )
 
 
 _INDEX = attrgetter("index")

@@ -10,22 +10,23 @@ from __future__ import annotations
 
 import logging
 import queue
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
 import orjson
 
-from worker.batching.scheduler import Item
+from worker.batching.scheduler import Item, Scheduler
 from worker.calls import InferCall, check_item, item_id, parse_message, plain_items
 from worker.errors import InvalidInput
 from worker.models.base import Model, StepModel
-from worker.runtime.deliveries import Delivery, Outcomes, Pack, Refusal
-from worker.runtime.journal import DEATHS_ERROR
-from worker.runtime.loaded_models import ISOLATED
-from worker.runtime.runner import error_text
-from worker.runtime.shared import Shared
+from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Pack, Refusal, StoreWork
+from worker.runtime.forward import error_text
+from worker.runtime.hooks import Admission, Hooks
+from worker.runtime.loaded_models import ISOLATED, LoadedModels
+from worker.settings import Settings
 from worker.store.values import ItemOutcome
 
 log = logging.getLogger(__name__)
@@ -35,12 +36,22 @@ MAX_GROUP = 256
 MAX_GROUP_ITEMS = 2048
 
 
-class Intake:
-    def __init__(self, shared: Shared) -> None:
-        self.settings, self.models, self.scheduler = shared.settings, shared.models, shared.scheduler
-        self.ready = shared.ready  # guards the scheduler; notified when items were added
-        self.storer, self.outbox, self.holdings = shared.storer, shared.outbox, shared.holdings
-        self.journal, self.clock = shared.journal, shared.clock
+class Preparer:
+    def __init__(
+        self,
+        settings: Settings,
+        models: LoadedModels,
+        scheduler: Scheduler,
+        ready: threading.Condition,
+        results: queue.SimpleQueue[StoreWork | None],
+        holdings: Holdings,
+        hooks: Hooks,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings, self.models, self.scheduler = settings, models, scheduler
+        self.ready = ready  # guards the scheduler; notified when items were added
+        self.results = results  # the store thread's queue
+        self.holdings, self.hooks, self.clock = holdings, hooks, clock
         self.deliveries: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
 
     def loop(self) -> None:
@@ -53,10 +64,10 @@ class Intake:
             for delivery in group:
                 try:
                     self.take(delivery, items)
-                except Exception:  # never let one message stop the intake
+                except Exception:  # never let one message stop the prepare thread
                     log.exception("could not take message %s", delivery.task_id[:80])
                     if delivery.call is None:
-                        self.storer.work.put(Refusal(delivery, "internal error while preparing the message"))
+                        self.results.put(Refusal(delivery, "internal error while preparing the message"))
                 count += delivery.pending
                 if count >= MAX_GROUP_ITEMS:
                     self._schedule(items)  # large messages: the run thread need not wait for all
@@ -94,10 +105,7 @@ class Intake:
         delivery.call = call
         delivery.pending = len(call.inputs)
         self.holdings.hold(call, len(call.inputs))
-        summary = {"model": call.model, "job_id": call.job_id, "items": len(call.inputs)}
-        self.outbox.event(
-            "task-received", delivery, name="batchwork.infer", args="()", kwargs=repr(summary), retries=0
-        )
+        admission = self.hooks.received(delivery)
         try:
             model = self.models.get(call.model)
         except Exception as exc:
@@ -106,10 +114,10 @@ class Intake:
                 delivery, range(len(call.inputs)), f"model {call.model!r} failed to load: {error_text(exc)}"
             )
             return
-        positions, isolated = self._positions(delivery)
+        positions, isolated = self._positions(delivery, admission)
         valid, checked, ids, errors = self._check(model, delivery, positions)
         if len(errors):
-            self.storer.work.put(errors)
+            self.results.put(errors)
         self._prepare(delivery, model, Checked(valid, checked, ids), isolated, items)
 
     def _parse(self, delivery: Delivery) -> InferCall | None:
@@ -119,30 +127,21 @@ class Intake:
                 raise InvalidInput("infer takes keyword arguments only")
             return parse_message(delivery.task_id, kwargs, self.settings)
         except (InvalidInput, TypeError, ValueError) as exc:
-            self.storer.work.put(Refusal(delivery, f"invalid message: {exc}"[:2000]))
+            self.results.put(Refusal(delivery, f"invalid message: {exc}"[:2000]))
             return None
 
-    def _positions(self, delivery: Delivery) -> tuple[list[int], set[int]]:
-        """The message's items to run, and of those the ones that must run alone (see journal.py)."""
+    def _positions(self, delivery: Delivery, admission: Admission) -> tuple[list[int], set[int]]:
+        """The message's items to run, and of those the ones that must run alone; the items hooks ended at
+        once are stored with their errors (hooks/journal.py: suspects past the delivery cap)."""
         call = delivery.call
         assert call is not None
         everything = list(range(len(call.inputs)))
-        if not delivery.lost or self.journal is None:
+        if not admission.ended and not admission.alone:
             return everything, set()
-        deaths = self.journal.deaths(call.job_id, [call.index(p) for p in everything])
-        limit = self.settings.max_deliveries
-        spent = [p for p, count in zip(everything, deaths, strict=True) if count >= limit - 1]
-        for position in spent:
-            error = DEATHS_ERROR.format(deaths=deaths[position] + 1, limit=limit)
+        for position, error in admission.ended.items():
             log.error("job %s item %d: %s", call.job_id, call.index(position), error)
             self._fail(delivery, [position], error)
-        # Alone once it has seen a death, or when its next death would be its last: a crash then names it.
-        alone = {
-            p
-            for p, count in zip(everything, deaths, strict=True)
-            if count < limit - 1 and (count or count == limit - 2)
-        }
-        return [p for p in everything if p not in spent], alone
+        return [p for p in everything if p not in admission.ended], admission.alone
 
     def _check(
         self, model: Model, delivery: Delivery, positions: list[int]
@@ -237,7 +236,7 @@ class Intake:
                 ItemOutcome(call.job_id, index, _safe_id(index, call.inputs[position]), error=error), delivery
             )
         if len(failed):
-            self.storer.work.put(failed)
+            self.results.put(failed)
 
 
 # A run of a message's items for one lane: (model, lane, items in index order).

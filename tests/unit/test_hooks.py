@@ -1,0 +1,58 @@
+"""The engine's hook points: hooks run in order, a message one hook drops never reaches the hooks after it,
+and the cancellation and deadline hooks drop whole messages with the error stored for their items."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from worker.batching.scheduler import Item
+from worker.calls import InferCall
+from worker.runtime.deliveries import Delivery, Holdings, Pack
+from worker.runtime.hooks import Hook, Hooks, Run
+from worker.runtime.hooks.cancellation import Cancellation
+from worker.runtime.hooks.deadlines import EXPIRED, Deadlines
+
+
+class FakeMessage:
+    def __init__(self) -> None:
+        self.headers: dict[str, Any] = {"id": "t"}
+        self.properties: dict[str, Any] = {}
+        self.delivery_tag = "t"
+
+    def decode(self) -> Any:
+        return (), {}, {}
+
+
+def run_of(job_id: str, size: int = 2, expires_at: float | None = None) -> Run:
+    delivery = Delivery(FakeMessage(), 0.0)
+    delivery.call = InferCall(job_id, "noop", ["x"] * size, "normal", expires_at=expires_at)
+    pack = Pack(delivery, 0, ["x"] * size, None)
+    return pack, tuple(Item(job_id, index, 1, 0.0, pack) for index in range(size))
+
+
+class Seen(Hook):
+    def __init__(self) -> None:
+        self.jobs: list[str] = []
+
+    def before_batch(self, runs: Sequence[Run]) -> dict[Pack, str]:
+        self.jobs += [item.job_id for _, mine in runs for item in mine[:1]]
+        return {}
+
+
+class NoCancels:
+    def cancelled(self, job_ids: Any) -> set[str]:
+        return {"gone"}
+
+
+def test_a_dropped_message_never_reaches_the_hooks_after_the_one_that_dropped_it() -> None:
+    cancels = Cancellation(NoCancels(), Holdings())  # type: ignore[arg-type]
+    cancels.refresh()
+    seen = Seen()
+    hooks = Hooks([cancels, Deadlines(), seen])
+    runs = [run_of("kept"), run_of("gone"), run_of("late", expires_at=time.time() - 1)]
+    left, dropped = hooks.before_batch(runs)
+    assert [pack.delivery.call.job_id for pack, _ in left] == ["kept"]  # type: ignore[union-attr]
+    assert sorted(dropped.values()) == sorted(["cancelled", EXPIRED])
+    assert seen.jobs == ["kept"]
