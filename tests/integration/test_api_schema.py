@@ -19,6 +19,7 @@ import orjson
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
 from schemathesis.core.result import Err
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
@@ -76,6 +77,9 @@ def test_sequences_along_the_links_answer_as_the_schema_says(live_api: tuple[str
     # The jobs routes and their links; the OpenAI routes have no links between them and are fuzzed route by
     # route above (in one machine they took the steps and the jobs' links were rarely reached).
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json").include(path_regex="^/v1/jobs")
+    # Valid requests only, as the route-by-route test sends: a generated "negative" case without the
+    # Authorization header gets one all the same (get_call_kwargs), and was then "accepted" by chance.
+    schema.config.generation.update(modes=[GenerationMode.POSITIVE])
     calls: dict[str, int] = {}
     engine = make_engine(pg_url)
 
@@ -109,7 +113,9 @@ def test_sequences_along_the_links_answer_as_the_schema_says(live_api: tuple[str
         Sequences.run(
             settings=settings(
                 max_examples=EXAMPLES_PER_ROUTE,
-                stateful_step_count=6,
+                # 10, not 6: with 6 steps a run followed the link to GET /v1/jobs/{job_id} 3-6 times and
+                # in two runs of a few never (the assertion below failed by chance).
+                stateful_step_count=10,
                 deadline=None,
                 database=None,
                 suppress_health_check=list(HealthCheck),

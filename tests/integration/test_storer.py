@@ -99,7 +99,7 @@ def test_two_writers_store_every_item_once_and_ack_every_message_once(pg_store: 
             write.add(ItemOutcome(job.job_id, index, None, output=index), deliveries[index // 50])
         writes.append(write)
     outbox = FakeOutbox()
-    storer = Storer(pg_store, outbox, Holdings())  # type: ignore[arg-type]
+    storer = Storer(pg_store, outbox, Holdings(), Hooks([TaskEvents(outbox)]))  # type: ignore[arg-type]
     assert storer.writers == 2
     run(storer, *writes)
     acked = [d for settled in outbox.settled for d in settled.deliveries]
