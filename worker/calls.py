@@ -167,7 +167,7 @@ def plain_items(
     item is checked alone (``check_item``), which names the first mistake.
 
     The same outcome as ``check_item`` on each, in loops that run in C: the per-item check was most of a
-    noop worker's intake, of ``submit``'s own time and of the API's checks of an NDJSON body."""
+    noop worker's prepare thread, of ``submit``'s own time and of the API's checks of an NDJSON body."""
     if getattr(cls.validate, "__func__", None) is not _DEFAULT_VALIDATE or not items:
         return None
     kinds = set(map(type, items))

@@ -21,7 +21,7 @@ from worker.broker.keys import Keys
 from worker.broker.producer import Publisher
 from worker.calls import InferCall
 from worker.runtime.deliveries import Holdings
-from worker.runtime.outbox import IntakeThrottle
+from worker.runtime.outbox import FetchThrottle
 from worker.store.values import JobSpec
 
 KEYS = Keys("batchwork")
@@ -100,7 +100,7 @@ def test_a_large_prefetch_window_keeps_its_urgent_reserve_and_still_fetches(
     holdings = Holdings()
     holdings.hold(JobSpec(str(uuid.uuid4()), "noop", "normal", 1), 1)  # one-item messages seen
     priority_of = {KEYS.queue("normal"): "normal", KEYS.queue("bulk"): "bulk"}
-    chan.fetch_gate = IntakeThrottle(holdings, 50_000, priority_of, reserve=512, stalled_s=lambda: 0.0)
+    chan.fetch_gate = FetchThrottle(holdings, 50_000, priority_of, reserve=512, stalled_s=lambda: 0.0)
     publish(redis_url, 300)
     assert chan.fetch() == 256 and chan.fetch() == 44
 

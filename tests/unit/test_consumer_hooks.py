@@ -1,5 +1,5 @@
 """What runs on the consumer's thread, with fakes for the channel: the outbox's acks and events, lease
-renewal, the intake throttle, and the holdings they read."""
+renewal, the fetch throttle, and the holdings they read."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from worker.calls import InferCall
 from worker.runtime.deliveries import Delivery, Holdings
-from worker.runtime.outbox import IDLE_TICK_S, TICK_S, IntakeThrottle, LeaseRenewal, Outbox, Settled
+from worker.runtime.outbox import IDLE_TICK_S, TICK_S, FetchThrottle, LeaseRenewal, Outbox, Settled
 
 QUEUES = {"q.normal": "normal", "q.bulk": "bulk"}
 
@@ -189,8 +189,8 @@ def test_holdings_count_items_by_priority_and_job() -> None:
     assert holdings.message_items("bulk") == 20 and holdings.message_items("high") is None
 
 
-def throttle(holdings: Holdings, limit: int = 1000, reserve: int = 8, stalled: float = 0.0) -> IntakeThrottle:
-    return IntakeThrottle(holdings, limit, QUEUES, reserve, lambda: stalled)
+def throttle(holdings: Holdings, limit: int = 1000, reserve: int = 8, stalled: float = 0.0) -> FetchThrottle:
+    return FetchThrottle(holdings, limit, QUEUES, reserve, lambda: stalled)
 
 
 def test_the_throttle_never_holds_back_high() -> None:
@@ -227,7 +227,7 @@ def test_the_throttle_holds_a_few_batches_of_the_loaded_models_not_the_whole_bou
     # not up to the bound, or the first to fetch keeps most of the burst while the others idle.
     holdings = Holdings()
     holdings.hold(call("normal", 1), 1)
-    gate = IntakeThrottle(holdings, 4096, QUEUES, 8, lambda: 0.0, hold_goal=lambda: 256)
+    gate = FetchThrottle(holdings, 4096, QUEUES, 8, lambda: 0.0, hold_goal=lambda: 256)
     assert gate(["q.normal"], 1024) == [("q.normal", 255)]
-    capped = IntakeThrottle(holdings, 100, QUEUES, 8, lambda: 0.0, hold_goal=lambda: 256)
+    capped = FetchThrottle(holdings, 100, QUEUES, 8, lambda: 0.0, hold_goal=lambda: 256)
     assert capped(["q.normal"], 1024) == [("q.normal", 99)]  # max_held_items still bounds the goal

@@ -197,7 +197,7 @@ def _replay(events, policy, *, by_run: bool) -> list[tuple[float, list[tuple[str
 def test_a_message_added_as_one_run_batches_exactly_as_its_items_added_one_by_one(
     events, budget, edges
 ) -> None:
-    # The intake adds a message's items with add_run; the batches must be the very ones add() of each
+    # The prepare thread adds a message's items with add_run; the batches must be the very ones add() of each
     # item in turn gives: same items, same order, same times, under N, token budgets and buckets. And a
     # bucket holding one job takes its items as one run: what taking them in turns (as among many jobs)
     # would take.

@@ -39,7 +39,7 @@ IDLE_FETCH_S = 0.02
 # Redis, and an idle worker costs Redis a trivial script, and itself a turn of its loop, this often (at
 # IDLE_FETCH_S the idle fetch was most of an idle worker's CPU).
 EMPTY_FETCH_S = 0.1
-# A worker holding all it may (prefetch window or intake throttle) checks again this often, no round trip:
+# A worker holding all it may (prefetch window or fetch throttle) checks again this often, no round trip:
 # the outbox's tick (5 ms), whose acks release what it holds.
 HELD_BACK_FETCH_S = 0.005
 # kombu's hub fires at most 10 due timers per turn of its loop; when all 10 ran (a busy worker whose fetch
@@ -117,7 +117,7 @@ class Channel(FetchingChannel):
     from_transport_options = FetchingChannel.from_transport_options + ("batchwork_prefix",)  # type: ignore[assignment]
     batchwork_prefix = "batchwork"
     # How many messages to fetch from each consumed queue now, given the room in the prefetch window (the
-    # worker's intake throttle); None: as many as there is room for, from any.
+    # worker's fetch throttle); None: as many as there is room for, from any.
     fetch_gate: Callable[[list[str], int], list[tuple[str, int]]] | None = None
     # Whether the last fetch asked for nothing (the prefetch window or the gate allowed none).
     held_back = False

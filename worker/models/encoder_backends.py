@@ -315,7 +315,7 @@ class OnnxRunner:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = _threads()
         options.inter_op_num_threads = 1
-        # ORT's pool threads spin between ops by default, taking the CPU the worker's own threads (intake,
+        # ORT's pool threads spin between ops by default, taking the CPU the worker's own threads (prepare,
         # store, the run's writer) need; on the loaded 2-core box a whole `batchwork run` took 1.3-1.7x the
         # wall time and 1.4-1.5x the CPU with spinning (bench/README.md, "bench.encoders_vs_references").
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -22,7 +22,7 @@ from worker.runtime.deliveries import Message
 from worker.runtime.engine import Engine
 from worker.runtime.hooks import metrics
 from worker.runtime.hooks.journal import Journal
-from worker.runtime.outbox import IntakeThrottle, LeaseRenewal, Outbox
+from worker.runtime.outbox import FetchThrottle, LeaseRenewal, Outbox
 from worker.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class BatchingStep(bootsteps.StartStopStep):
         throttled = {keys.queue(priority): priority for priority in PRIORITIES[1:]}
         # An eighth of the prefetch window stays free for urgent messages whatever bulk holds.
         reserve = self.settings.prefetch_count // 8
-        channel.fetch_gate = IntakeThrottle(
+        channel.fetch_gate = FetchThrottle(
             engine.holdings,
             self.settings.max_held_items,
             throttled,

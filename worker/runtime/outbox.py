@@ -1,4 +1,4 @@
-"""What runs on the consumer's own thread, on a loop timer: acks, task events, leases, intake throttling.
+"""What runs on the consumer's own thread, on a loop timer: acks, task events, leases, fetch throttling.
 
 kombu channels (and Celery's event dispatcher) belong to the consumer's thread; the engine's threads put
 work in the outbox instead of touching them. One tick acknowledges everything stored since the last in one
@@ -217,7 +217,7 @@ class LeaseRenewal:
             self._channel.renew_leases(tags)
 
 
-class IntakeThrottle:
+class FetchThrottle:
     """How many messages the worker may fetch from each queue now (the transport's fetch gate).
 
     Priority must hold in the broker too. Normal and bulk stop at their held-items limit (resuming below
@@ -277,7 +277,7 @@ class IntakeThrottle:
     def _pause(self, queue: str, paused: bool) -> None:
         if paused != (queue in self._paused):
             (self._paused.add if paused else self._paused.discard)(queue)
-            log.info("intake paused for: %s", ", ".join(sorted(self._paused)) or "none")
+            log.info("fetching paused for: %s", ", ".join(sorted(self._paused)) or "none")
 
 
 def _drain(items: deque[Any]) -> list[Any]:

@@ -2,10 +2,10 @@
 the outbox for acknowledging.
 
 Nothing is acknowledged that is not committed. A failure that waiting cures (the database down) is retried
-with backoff; any other is this data's fault: the write is split, as the runner splits a failing batch, until
-the items the database refuses are found. Each of those is stored as an error instead (or, if even that is
-refused, logged and let go), the rest are stored, and every message is acknowledged: nothing a message
-carries can stop this thread. It never runs models or touches the scheduler.
+with backoff; any other is this data's fault: the write is split, as forward.run_batch splits a failing
+batch, until the items the database refuses are found. Each of those is stored as an error instead (or, if
+even that is refused, logged and let go), the rest are stored, and every message is acknowledged: nothing a
+message carries can stop this thread. It never runs models or touches the scheduler.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def _json_loads(value: str | bytes | float) -> Any:
 
 
 # Connections a process keeps open to PostgreSQL, shared by its threads (the API's request threads, a worker's
-# store, intake and watch threads). No overflow: SQLAlchemy closes an overflow connection when it is returned,
+# store, prepare, watch threads). No overflow: SQLAlchemy closes an overflow connection when it is returned,
 # so under 50 pollers the API opened a new connection for about one request in two; a thread now waits its
 # turn, which costs less than a connect.
 POOL_CONNECTIONS = 10
