@@ -202,7 +202,7 @@ def test_kombu_messages_marked_acked_are_never_acked_again() -> None:
 def test_kombu_serializer_and_celery_task_events_in_bulk() -> None:
     from kombu.serialization import dumps, loads, registry
 
-    from worker.runtime.outbox import EVENT_SERIALIZER  # registers it
+    from worker.runtime.hooks.task_events import EVENT_SERIALIZER  # registers it
 
     with seam("serializers", "kombu", "serialization registry.type_to_name"):
         content_type, encoding, data = dumps([{"type": "task-received"}], serializer=EVENT_SERIALIZER)

@@ -17,11 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from worker.celery_compat.celery_seams import send_in_bulk
-from worker.celery_compat.kombu_seams import mark_acked, register_encoder
+from worker.celery_compat.kombu_seams import mark_acked
 from worker.runtime.deliveries import Delivery, Holdings
+from worker.runtime.hooks.task_events import publish_events
 
 log = logging.getLogger(__name__)
 
@@ -33,23 +31,6 @@ TICK_S = 0.005
 IDLE_TICK_S = 0.25
 # How often the fetch throttle reads its held-items goal again.
 GOAL_REFRESH_S = 1.0
-# Task events published in one message at most (Flower reads such a list as it reads single events).
-EVENTS_PER_MESSAGE = 2048
-EVENT_SERIALIZER = "batchwork-events"
-
-
-def _register_event_serializer() -> None:
-    """Task events are plain JSON, three per message; kombu's json writer was a tenth of a busy worker's
-    time. orjson writes the same JSON, and a receiver (Flower) reads it as any application/json message.
-    Encoder only: reading application/json stays kombu's, and so does the name replies are sent under."""
-    register_encoder(EVENT_SERIALIZER, _event_json, "application/json", "utf-8")
-
-
-def _event_json(value: Any) -> str:
-    return orjson.dumps(value, default=str).decode()
-
-
-_register_event_serializer()
 
 
 @dataclass
@@ -164,17 +145,7 @@ class Outbox:
             mark_acked(delivery.message)  # as Message.ack would
 
     def _send(self, events: list[tuple[str, Delivery, dict[str, Any]]]) -> None:
-        dispatcher = self._dispatcher() if self._dispatcher else None
-        if dispatcher is None or not dispatcher.enabled:
-            return  # send() itself skips task events unless the worker was asked for them
-        # Celery's dispatcher buffers task events while an event loop runs and publishes them as one
-        # "task.multi" message per turn of the loop, or per 24 events; a tick's worth is one message.
-        send_in_bulk(dispatcher, EVENTS_PER_MESSAGE, EVENT_SERIALIZER)
-        for kind, delivery, fields in events:
-            try:
-                dispatcher.send(kind, uuid=delivery.task_id, **fields)
-            except Exception as exc:  # events are for monitoring; never stall the work for them
-                log.debug("could not send %s: %s", kind, exc)
+        publish_events(self._dispatcher() if self._dispatcher else None, events)
 
 
 class LeaseRenewal:
