@@ -49,18 +49,19 @@ class Checker:
         args = (piece, model, priority, self.settings)
         if not self.processes:
             return await run_in_threadpool(check_piece, *args)
-        pool = self._running_pool()
-        try:
+        # A pool whose process died is found broken only by its next use, and the pool's own thread may see it
+        # after a piece was submitted: so a piece that meets a broken pool runs once more on a new one (the
+        # check is pure). Dying twice is this body's doing (out of memory): the upload fails, the next one
+        # gets a new pool.
+        for last_try in (False, True):
+            pool = self._running_pool()
             try:
-                submitted = pool.submit(check_piece, *args)
-            except BrokenProcessPool:  # it broke since the last upload: this body gets a new pool
+                return await asyncio.wrap_future(pool.submit(check_piece, *args))
+            except BrokenProcessPool:
                 self._drop(pool)
-                pool = self._running_pool()
-                submitted = pool.submit(check_piece, *args)
-            return await asyncio.wrap_future(submitted)
-        except BrokenProcessPool:  # a process died on this body (killed, out of memory)
-            self._drop(pool)
-            raise SetupError("a process checking uploads died: send the body again") from None
+                if last_try:
+                    raise SetupError("a process checking uploads died: send the body again") from None
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         if self._pool is not None:
