@@ -41,7 +41,10 @@ def test_generation_through_the_pipeline_equals_greedy_generate(
         first = produce(env, [{"via": "submit", "model": "gpt2", "inputs": items[:4]}])
         # Later requests join a batch that is already running.
         wait_until(
-            lambda: store.status(first[0]).generated_tokens > 0, 60, lambda: "the first requests never ran"
+            # None until the worker's first token report (an idle worker may take up to 0.1 s to fetch).
+            lambda: (store.status(first[0]).generated_tokens or 0) > 0,
+            60,
+            lambda: "the first requests never ran",
         )
         rest = produce(env, [{"via": "delay", "model": "gpt2", "inputs": [item]} for item in items[4:]])
         job_ids = first + rest

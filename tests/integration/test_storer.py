@@ -18,7 +18,6 @@ from worker.runtime.hooks import Hooks
 from worker.runtime.hooks.task_events import TaskEvents
 from worker.runtime.outbox import Settled
 from worker.runtime.store_thread import Storer
-from worker.store import results
 from worker.store.results import ResultStore
 from worker.store.values import BatchRecord, ItemOutcome, JobSpec
 
@@ -89,11 +88,8 @@ def test_an_outcome_the_database_refuses_fails_alone_and_every_message_is_acked(
     assert [d for settled in outbox.settled for d in settled.deliveries] == [delivery]
 
 
-def test_two_writers_store_every_item_once_and_ack_every_message_once(
-    pg_store: ResultStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Two writer threads (one by default); a message's items are split over writes that either may store.
-    monkeypatch.setattr(results, "CONCURRENT_WRITERS", 2)
+def test_two_writers_store_every_item_once_and_ack_every_message_once(pg_store: ResultStore) -> None:
+    # PostgreSQL gets two writer threads; a message's items are split over writes that either may store.
     job = JobSpec(str(uuid.uuid4()), "noop", "normal", 2000)
     deliveries = [held(job, 50) for _ in range(40)]
     writes = []

@@ -55,10 +55,8 @@ RESULTS_PAGE_SIZE = 2000
 # Lines per page when PostgreSQL writes a job's results as NDJSON (result_lines): one text of a few MB.
 RESULT_LINES_PAGE_SIZE = 20_000
 _JOB = tables.jobs.c
-# A worker's store threads on PostgreSQL (see concurrent_writers). One: two writers take work off one queue
-# and may store it out of order (a running item's token report after its result, leaving tokens counted as
-# running: CI caught it), and a second writer measured within the noise on this box (bench/README.md).
-CONCURRENT_WRITERS = 1
+# A worker's store threads on PostgreSQL (see concurrent_writers).
+CONCURRENT_WRITERS = 2
 
 
 class ResultStore:
