@@ -10,7 +10,7 @@ from typing import Any
 from worker.batching.scheduler import Item
 from worker.calls import InferCall
 from worker.runtime.deliveries import Delivery, Holdings, Pack
-from worker.runtime.hooks import Hook, Hooks, Run
+from worker.runtime.hooks import Hook, Hooks, Run, Scope
 from worker.runtime.hooks.cancellation import Cancellation
 from worker.runtime.hooks.deadlines import EXPIRED, Deadlines
 
@@ -56,3 +56,20 @@ def test_a_dropped_message_never_reaches_the_hooks_after_the_one_that_dropped_it
     assert [pack.delivery.call.job_id for pack, _ in left] == ["kept"]  # type: ignore[union-attr]
     assert sorted(dropped.values()) == sorted(["cancelled", EXPIRED])
     assert seen.jobs == ["kept"]
+
+
+class SeenWithDeadline(Seen):
+    scope = Scope.WITH_DEADLINE
+
+
+def test_a_hook_is_called_only_for_the_messages_in_its_scope_and_not_while_idle() -> None:
+    cancels = Cancellation(NoCancels(), Holdings())  # type: ignore[arg-type]
+    timed, seen = SeenWithDeadline(), Seen()
+    hooks = Hooks([cancels, timed, seen])
+    runs = [run_of("gone"), run_of("timed", expires_at=time.time() + 60)]
+    left, dropped = hooks.before_batch(runs)
+    assert (len(left), dropped) == (2, {})  # no cancel known yet: cancellation is idle
+    assert timed.jobs == ["timed"] and seen.jobs == ["gone", "timed"]
+    cancels.refresh()
+    left, _ = hooks.before_batch(runs)
+    assert [pack.delivery.call.job_id for pack, _ in left] == ["timed"]  # type: ignore[union-attr]

@@ -2,14 +2,17 @@
 poison-item journal, task events, metrics, cancellation, deadlines) is one module here, one ``Hook`` each, and
 the threads call the hooks at five points instead of knowing the features.
 
-Each point is called on the thread named in its docstring and gets only what it concerns. A hook must not
-wait on the database there: what needs the database runs on a thread of its own (cancellation.py).
+Each point is called on the thread named in its docstring and gets only what it concerns: a hook is called
+only for the messages in its ``scope``, and not at all while it is ``idle``, so a plain item never enters the
+journal, deadlines or cancellation. A hook must not wait on the database there: what needs the database runs
+on a thread of its own (cancellation.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from worker.batching.scheduler import Item
 from worker.runtime.deliveries import Delivery, Outcomes, Pack
@@ -37,8 +40,21 @@ class Ran:
     report: Report
 
 
+class Scope(Enum):
+    """Which messages a hook has anything to do with; the engine calls it with no other."""
+
+    EVERY = "every message"
+    REDELIVERED = "messages a worker died holding (``Delivery.lost``): the journal's suspects"
+    WITH_DEADLINE = "messages whose job has a deadline (``InferCall.expires_at``)"
+
+
 class Hook:
     """A feature woven through the engine. Every point does nothing here; a hook overrides those it needs."""
+
+    scope = Scope.EVERY
+    # True while the hook has nothing to do for any message: the engine skips it, reading this without a
+    # call. A hook whose work comes and goes (a cancel pending) keeps it; most never change it.
+    idle = False
 
     def received(self, delivery: Delivery, admission: Admission) -> None:
         """Prepare thread: ``delivery.call`` was parsed, before its items are checked. A hook may end items
@@ -81,14 +97,18 @@ class Hooks:
     def received(self, delivery: Delivery) -> Admission:
         admission = Admission()
         for hook in self._received:
-            hook.received(delivery, admission)
+            if _takes(hook, delivery):
+                hook.received(delivery, admission)
         return admission
 
     def before_batch(self, runs: list[Run]) -> tuple[list[Run], dict[Pack, str]]:
         """The runs that may run, and the messages dropped with their errors."""
         dropped: dict[Pack, str] = {}
         for hook in self._before_batch:
-            now_dropped = hook.before_batch(runs)
+            mine = runs if _takes_all(hook) else [run for run in runs if _takes(hook, run[0].delivery)]
+            if not mine:
+                continue
+            now_dropped = hook.before_batch(mine)
             if now_dropped:
                 dropped.update(now_dropped)
                 runs = [run for run in runs if run[0] not in now_dropped]
@@ -98,12 +118,34 @@ class Hooks:
 
     def after_batch(self, runs: Sequence[Run], ran: Ran | None) -> None:
         for hook in self._after_batch:
-            hook.after_batch(runs, ran)
+            mine = runs if _takes_all(hook) else [run for run in runs if _takes(hook, run[0].delivery)]
+            if mine:
+                hook.after_batch(mine, ran)
 
     def after_store(self, write: Outcomes) -> None:
         for hook in self._after_store:
-            hook.after_store(write)
+            if _takes_all(hook) or any(_takes(hook, delivery) for delivery, _ in write.runs):
+                hook.after_store(write)
 
     def settled(self, deliveries: Sequence[Delivery], error: str | None = None) -> None:
         for hook in self._settled:
-            hook.settled(deliveries, error)
+            mine = deliveries if _takes_all(hook) else [d for d in deliveries if _takes(hook, d)]
+            if mine:
+                hook.settled(mine, error)
+
+
+def _takes_all(hook: Hook) -> bool:
+    """The hook is called with every message (most hooks, most of the time)."""
+    return hook.scope is Scope.EVERY and not hook.idle
+
+
+def _takes(hook: Hook, delivery: Delivery) -> bool:
+    """The hook is called for this message."""
+    if hook.idle:
+        return False
+    match hook.scope:
+        case Scope.REDELIVERED:
+            return delivery.lost > 0
+        case Scope.WITH_DEADLINE:
+            return delivery.call is not None and delivery.call.expires_at is not None
+    return True

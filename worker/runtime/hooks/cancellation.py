@@ -1,7 +1,8 @@
 """Cancellation: a cancelled job's items that have not run yet never run; each ends as "cancelled".
 
 The watch thread asks the store once a second which held jobs were cancelled, so the run thread only reads
-a set and never waits on the database.
+a set and never waits on the database. While no held job is cancelled the hook is idle: the engine does not
+call it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Cancellation(Hook):
         self.every_s = every_s
         # Replaced whole, never changed in place: the run thread reads it without a lock.
         self.cancelled: frozenset[str] = frozenset()
+        self.idle = True
         self._stop = threading.Event()
 
     def before_batch(self, runs: Sequence[Run]) -> dict[Pack, str]:
@@ -47,6 +49,7 @@ class Cancellation(Hook):
     def refresh(self) -> None:
         try:
             self.cancelled = frozenset(self.store.cancelled(self.holdings.jobs()))
+            self.idle = not self.cancelled
         except Exception as exc:  # a database outage: keep the last answer, ask again next time
             log.warning("could not check for cancelled jobs: %s", exc)
 

@@ -1,5 +1,6 @@
 """Deadlines: a job's items not started before its deadline (``expires_at``, wall-clock seconds) never run;
-each ends with an error saying so. Decided per message, as the deadline is the job's.
+each ends with an error saying so. Decided per message, as the deadline is the job's; the engine calls this
+hook only for messages whose job has a deadline.
 """
 
 from __future__ import annotations
@@ -8,12 +9,14 @@ import time
 from collections.abc import Sequence
 
 from worker.runtime.deliveries import Pack
-from worker.runtime.hooks import Hook, Run
+from worker.runtime.hooks import Hook, Run, Scope
 
 EXPIRED = "expired: not started before the job's deadline"
 
 
 class Deadlines(Hook):
+    scope = Scope.WITH_DEADLINE
+
     def before_batch(self, runs: Sequence[Run]) -> dict[Pack, str]:
         now: float | None = None
         dropped: dict[Pack, str] = {}

@@ -6,8 +6,8 @@ batch returns (the writes the run thread waits for, and only on this rare path):
 when a worker dies keeps its counts. A count is deleted once its item's outcome is committed. A suspect
 that has seen a death, or whose next death would be its last, runs alone, so a crash names it; one that has
 seen ``max_deliveries - 1`` is not run again but stored with an error naming why (a worker died running it
-that many times, plus the first, unjournaled run). Items of first deliveries are never journaled: the common
-path does no I/O.
+that many times, plus the first, unjournaled run). Items of first deliveries are never journaled: the engine
+calls this hook for redelivered messages only, so the common path does no I/O and never enters this module.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import redis
 
 from worker.broker.keys import Keys
 from worker.runtime.deliveries import Delivery, Outcomes, Pack
-from worker.runtime.hooks import Admission, Hook, Ran, Run
+from worker.runtime.hooks import Admission, Hook, Ran, Run, Scope
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,8 @@ class Journal:
 class PoisonItems(Hook):
     """The journal at the engine's hook points: suspects past the cap end at once, those near it run alone,
     and every suspect's count goes up while it runs and is deleted once its outcome is stored."""
+
+    scope = Scope.REDELIVERED
 
     def __init__(self, journal: Journal, max_deliveries: int) -> None:
         self.journal = journal
