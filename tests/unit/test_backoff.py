@@ -1,6 +1,6 @@
 """Out-of-memory backoff: N drops at once to what ran, grows back slowly, and a failed probe backs off."""
 
-from worker.batching.backoff import SizeLimit
+from worker.batching.scheduler import SizeLimit
 
 
 def test_drops_to_the_largest_size_that_ran() -> None:

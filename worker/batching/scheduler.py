@@ -10,13 +10,13 @@ and must never import Celery, Redis, SQLAlchemy or torch.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-from worker.batching.backoff import SizeLimit
 from worker.batching.items import Batch, Item, LaneKey
 from worker.batching.lanes import LaneQueue
 from worker.batching.policy import LanePolicy
 
-__all__ = ["Batch", "Item", "LaneKey", "Scheduler"]
+__all__ = ["Batch", "Item", "LaneKey", "Scheduler", "SizeLimit"]
 
 
 class Scheduler:
@@ -117,3 +117,41 @@ def _most_urgent(lanes: list[LaneQueue], now: float) -> LaneQueue:
     if starving:
         return min(starving, key=LaneQueue.oldest_arrival)
     return min(lanes, key=lambda lane: (lane.policy.rank, lane.oldest_arrival()))
+
+
+# -- the size cap after running out of memory: down at once, back up slowly ------------------------------
+# Pure arithmetic on batch sizes (additive increase, multiplicative decrease): the run thread reports what
+# happened (batch_ran) and every lane of the model takes the resulting cap.
+
+
+@dataclass
+class SizeLimit:
+    """The largest batch a model is trusted with now; None means its configured N."""
+
+    grow_after: int = 20  # successful batches at the cap before trying a larger one
+    cap: int | None = None
+    _proven: int = 0  # the largest batch that ran since the last out-of-memory error
+    _successes: int = 0
+
+    def ran_out_of_memory(self, size: int, largest_ok: int) -> None:
+        """A batch of ``size`` ran out of memory; sub-batches of ``largest_ok`` ran (0: none did)."""
+        probing = self.cap is not None and self._proven and self._proven < size
+        if probing:
+            # A larger size was tried and failed: go back to what worked, and probe less often.
+            self.grow_after = min(self.grow_after * 2, 10_000)
+        self.cap = (
+            max(1, largest_ok, self._proven if probing else 0) if largest_ok or probing else max(1, size // 2)
+        )
+        self._proven = largest_ok
+        self._successes = 0
+
+    def succeeded(self, size: int, configured: int) -> None:
+        self._proven = max(self._proven, size)
+        if self.cap is None or size < self.cap:
+            return
+        self._successes += 1
+        if self._successes < self.grow_after:
+            return
+        self._successes = 0
+        grown = self.cap + max(1, self.cap // 8)
+        self.cap = None if grown >= configured else grown
