@@ -1,4 +1,4 @@
-"""submit / status / results / wait / cancel for Python users, and the enqueue path ``infer.delay`` takes.
+"""submit / status / results / wait / cancel for Python users (``infer.delay``, the Celery face, is tasks.py).
 
 A call is checked whole here, before anything is enqueued; where the job is recorded and how it is read is
 the jobs port's rule (worker/jobs.py), the same for every surface.
@@ -73,12 +73,6 @@ class Client:
         """
         call = self.check(model, inputs, priority, deadline_s)
         return self.jobs.enqueue(call, tenant=tenant, metadata=metadata)
-
-    def delay(self, kwargs: dict[str, Any]) -> str:
-        """``infer.delay``'s path: check, then the job's record and its message in one Redis round trip."""
-        call = new_call(str(uuid4()), kwargs, self.settings)
-        check_items(call, self.settings)
-        return self.jobs.delay(call)
 
     # -- poll ---------------------------------------------------------------------------------
 

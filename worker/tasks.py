@@ -1,19 +1,20 @@
 """The enqueue surface: ``infer.delay(model="minilm", inputs=[...], priority="normal")``.
 
 A call is checked whole before anything is enqueued, and its message goes out with the job's record in one
-Redis round trip (worker.client). The task id is the job id; ``AsyncResult.state``, ``.ready()`` and
-``.get()`` read the batchwork store. Importing this module loads Celery and the checks, never the engine,
-the store's writer or a model.
+Redis round trip (the jobs port's ``delay``, worker/jobs.py). The task id is the job id;
+``AsyncResult.state``, ``.ready()`` and ``.get()`` read the batchwork store. Importing this module loads
+Celery and the checks, never the engine, the store's writer or a model.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
+from uuid import uuid4
 
 from celery import Task
 
-from worker.calls import TASK_NAME
+from worker.calls import TASK_NAME, check_items, new_call
 from worker.celery_app import app
 from worker.errors import InvalidInput
 
@@ -38,7 +39,7 @@ class InferTask(Task):
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
     ) -> Any:
-        from worker.client import default_client
+        from worker.jobs import default_jobs
 
         if args:
             raise InvalidInput("infer takes keyword arguments only: infer.delay(model=..., inputs=[...])")
@@ -46,7 +47,10 @@ class InferTask(Task):
             options["task_id"] = task_id
         kwargs = _with_expiry(dict(kwargs or {}), options.pop("expires", None))
         _refuse(options)
-        return self.AsyncResult(default_client().delay(kwargs))
+        jobs = default_jobs()
+        call = new_call(str(uuid4()), kwargs, jobs.settings)
+        check_items(call, jobs.settings)
+        return self.AsyncResult(jobs.delay(call))
 
 
 def _with_expiry(kwargs: dict[str, Any], expires: Any) -> dict[str, Any]:
