@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
 from worker.bounds import MAX_COUNT, is_job_id
-from worker.store import bulk, queries, rows, tables
+from worker.store import bulk, rows, tables
 from worker.store.db import client_errors, is_duplicate_key, make_engine, shown_url, single_reads
 from worker.store.values import (
     FINISHED_STATES,
@@ -155,14 +155,14 @@ class ResultStore:
             params["tenants"] = list(tenants)
         with client_errors(self.url), self._single_reads.connect() as conn:
             row = conn.execute(
-                queries.STATUS if tenants is None else queries.STATUS_IN_TENANTS, params
+                rows.STATUS if tenants is None else rows.STATUS_IN_TENANTS, params
             ).one_or_none()
             if row is None:
                 return None
             *fields, items, generated, in_flight = row
             job = rows.job_status_of(row._fields[: len(fields)], fields)
             if job.failed:
-                job = replace(job, errors=queries.top_errors(conn, job_id))
+                job = replace(job, errors=rows.top_errors(conn, job_id))
         if not items:
             return job
         if job.state in FINISHED_STATES:  # reports of runs that never stored a result no longer count
@@ -224,7 +224,7 @@ class ResultStore:
             job_rows = [rows.job_row(spec, now) for spec in ordered]
         with self.engine.begin() as conn:
             new_jobs = bulk.insert_jobs(conn, job_rows)
-            refused, cancelled = queries.check_jobs(conn, [specs[j] for j in specs if j not in new_jobs])
+            refused, cancelled = rows.check_jobs(conn, [specs[j] for j in specs if j not in new_jobs])
             kept = [_kept(given, refused, cancelled) for given in columns]
             batch_ids = bulk.insert_batches(conn, records)
             inserted = bulk.insert_results(conn, kept, batch_ids, now, fresh=fresh)
