@@ -59,7 +59,7 @@ def test_a_dropped_message_never_reaches_the_hooks_after_the_one_that_dropped_it
 
 
 class SeenWithDeadline(Seen):
-    scope = Scope.WITH_DEADLINE
+    scope: Scope = "deadline"
 
 
 def test_a_hook_is_called_only_for_the_messages_in_its_scope_and_not_while_idle() -> None:

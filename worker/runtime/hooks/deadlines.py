@@ -15,7 +15,7 @@ EXPIRED = "expired: not started before the job's deadline"
 
 
 class Deadlines(Hook):
-    scope = Scope.WITH_DEADLINE
+    scope: Scope = "deadline"
 
     def before_batch(self, runs: Sequence[Run]) -> dict[Pack, str]:
         now: float | None = None

@@ -68,7 +68,7 @@ class PoisonItems(Hook):
     """The journal at the engine's hook points: suspects past the cap end at once, those near it run alone,
     and every suspect's count goes up while it runs and is deleted once its outcome is stored."""
 
-    scope = Scope.REDELIVERED
+    scope: Scope = "redelivered"
 
     def __init__(self, journal: Journal, max_deliveries: int) -> None:
         self.journal = journal
