@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from api.app import create_app
-from tests.integration.test_storer import FakeOutbox, held, record
+from tests.integration.runtime.test_storer import FakeOutbox, held, record
 from worker.bounds import MAX_COUNT
 from worker.client import Client
 from worker.errors import InvalidInput, JobNotFound

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.models.test_gpt2_decoder import CASES, reference_ids
 from tests.integration.processes import ROOT, produce, service_env, wait_finished, wait_until, workers
-from tests.integration.test_gpt2_decoder import CASES, reference_ids
 from worker.store.results import ResultStore
 
 

@@ -141,7 +141,7 @@ def _private_names(node: ast.AST) -> list[str]:
 
 def test_celery_and_kombu_internals_are_reached_only_through_celery_compat() -> None:
     """A Celery or kombu upgrade finds every private part batchwork relies on in worker/celery_compat/,
-    each with its contract test (tests/unit/test_celery_compat.py)."""
+    each with its contract test (tests/unit/celery_compat/test_celery_compat.py)."""
     compat = ROOT / "worker" / "celery_compat"
     paths = [p for package in ("worker", "api") for p in sorted((ROOT / package).rglob("*.py"))]
     found = [use for path in paths if compat not in path.parents for use in private_celery_uses(path)]

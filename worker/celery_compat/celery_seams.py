@@ -1,5 +1,6 @@
 """Celery's private parts batchwork relies on, one section per seam; a Celery upgrade reads this file against
-the new version (contract tests: tests/unit/test_celery_compat.py, pinned to pyproject.toml's celery).
+the new version (contract tests: tests/unit/celery_compat/test_celery_compat.py, pinned to
+pyproject.toml's celery).
 
 - The task message: protocol 2's headers and body, written by hand by producers in kombu's Redis envelope.
 - Publishing plainly: ``Task.apply_async`` called unbound, past a task class that overrides it.

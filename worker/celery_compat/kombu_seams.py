@@ -1,5 +1,6 @@
 """kombu's private parts batchwork relies on, one section per seam; a kombu upgrade reads this file against
-the new version (contract tests: tests/unit/test_celery_compat.py, pinned to pyproject.toml's kombu).
+the new version (contract tests: tests/unit/celery_compat/test_celery_compat.py, pinned to
+pyproject.toml's kombu).
 
 - The Redis transport (worker/broker/transport.py builds on these classes): ``Channel._brpop_start`` and
   ``MultiChannelPoller._register_BRPOP`` silenced, ``Channel._create_client`` shared, the poller's

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import OperationalError
 
+from tests.integration.cli.test_cli_mistakes import embedded_env
 from tests.integration.processes import service_env
-from tests.integration.test_cli_mistakes import embedded_env
 from worker.store.db import database_unavailable
 from worker.store.results import ResultStore
 

@@ -232,7 +232,7 @@ def test_a_cached_onnx_load_imports_neither_torch_nor_transformers_and_gives_the
     code = (
         "import json, sys\n"
         "from pathlib import Path\n"
-        "from tests.unit.test_encoders import loaded, run\n"
+        "from tests.unit.models.test_encoders import loaded, run\n"
         "from tests.support import checkpoints as ck\n"
         f"model = loaded(Path({str(root)!r}), {f'e=embed:{directory}'!r}, backend='onnx', prefix='query: ')\n"
         "vectors = [v.tolist() for v in run(model, ck.TEXTS)]\n"

@@ -39,7 +39,7 @@ from worker.celery_compat.celery_seams import (
 )
 from worker.celery_compat.kombu_seams import FanoutPoller, HeldQoS, mark_acked, poll_again_after
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # The versions each seam below was read against. A new pin in pyproject.toml: re-read worker/celery_compat/
 # against it, run these tests, then move these.
 CHECKED_AGAINST = {"celery": "5.6.3", "kombu": "5.7.0"}
@@ -79,7 +79,8 @@ def test_the_seams_were_read_against_the_pinned_versions(framework: str) -> None
     assert pinned(framework) == CHECKED_AGAINST[framework], (
         f"pyproject.toml now pins {framework} {pinned(framework)}; the private seams in "
         f"worker/celery_compat/ were read against {CHECKED_AGAINST[framework]}: re-read each module "
-        f"against the new version, run tests/unit/test_celery_compat.py, then update CHECKED_AGAINST"
+        f"against the new version, run tests/unit/celery_compat/test_celery_compat.py, then update "
+        f"CHECKED_AGAINST"
     )
 
 

@@ -16,7 +16,7 @@ from worker.store import tables
 from worker.store.db import make_engine
 from worker.store.schema import alembic_config, migrate
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def schema_diff(url: str) -> list[object]:

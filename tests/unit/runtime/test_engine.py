@@ -26,7 +26,7 @@ from worker.store.values import ItemOutcome, JobSpec
 
 ECHO = "tests.support.models:Echo"
 POISON = "tests.support.models:Poison"
-RECORDER = "tests.unit.test_engine:Recorder"
+RECORDER = "tests.unit.runtime.test_engine:Recorder"
 
 
 class Recorder(Model):

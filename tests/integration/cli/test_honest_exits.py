@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.api_server import ApiProcess
+from tests.integration.cli.test_cli_mistakes import embedded_env, one_line_error
 from tests.integration.processes import ROOT, batchwork, service_env, wait_until
-from tests.integration.test_cli_mistakes import embedded_env, one_line_error
 
 
 def _has_cuda() -> bool:
