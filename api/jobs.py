@@ -27,6 +27,7 @@ from api.schemas import Job, JobList, JobRequest, ModelInfo, error_responses
 from api.spool import CheckedPiece, NdjsonSpool, Piece
 from worker.bounds import MAX_COUNT
 from worker.calls import InferCall, expiry
+from worker.jobs import RedisMessages
 from worker.models.registry import served_models
 from worker.store.api_keys import ApiKey
 from worker.store.catalog import InvalidCursor
@@ -125,8 +126,9 @@ async def _submit_ndjson(
     expires_at = expiry(deadline_s)
     with tempfile.NamedTemporaryFile(prefix="batchwork-body-") as file:  # named: the checks open it
         spool = NdjsonSpool(model, priority, served.settings, file)
-        total = await _spool_body(request, spool, request.app.state.checker)
-        return await run_in_threadpool(_publish_spool, served, tenant, spool, total, expires_at)
+        checker = request.app.state.checker
+        total = await _spool_body(request, spool, checker)
+        return await run_in_threadpool(_publish_spool, served, checker, tenant, spool, total, expires_at)
 
 
 async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) -> int:
@@ -160,12 +162,17 @@ async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) ->
 
 
 def _publish_spool(
-    served: Backend, tenant: str, spool: NdjsonSpool, total: int, expires_at: float | None
+    served: Backend, checker: Checker, tenant: str, spool: NdjsonSpool, total: int, expires_at: float | None
 ) -> JobStatus:
+    """Record the job, then send its messages: from the checking processes, each a run of the parts, where
+    there are some and the broker is Redis (encoding is Python: the API alone would send them one by one)."""
     limits.admit(served, tenant, total)
     call = InferCall(str(uuid4()), spool.model, (), spool.priority, 0, total, expires_at)
     served.jobs.record(call, tenant=tenant)
-    served.jobs.publish(call, spool.parts())
+    if checker.processes and isinstance(served.jobs.messages, RedisMessages):
+        served.jobs.publish_by(call, lambda: checker.send(spool, call))
+    else:
+        served.jobs.publish(call, spool.parts())
     return _status(served, call.job_id, [tenant])
 
 
