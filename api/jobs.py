@@ -122,18 +122,32 @@ def _submit_json(served: Backend, tenant: str, job: JobRequest) -> JobStatus:
 async def _submit_ndjson(
     request: Request, served: Backend, tenant: str, model: str, priority: str, deadline_s: float | None
 ) -> JobStatus:
-    await run_in_threadpool(limits.admit, served, tenant, 0)  # refuse before reading a large body
+    # Is there room at all? Asked while the body's first pieces arrive (its SQL and Redis reads took as long
+    # as a tenth of the upload): a refusal ends the upload as soon as it is known.
+    admitted = asyncio.ensure_future(run_in_threadpool(limits.admit, served, tenant, 0))
     expires_at = expiry(deadline_s)
-    with tempfile.NamedTemporaryFile(prefix="batchwork-body-") as file:  # named: the checks open it
-        spool = NdjsonSpool(model, priority, served.settings, file)
-        checker = request.app.state.checker
-        total = await _spool_body(request, spool, checker)
-        return await run_in_threadpool(_publish_spool, served, checker, tenant, spool, total, expires_at)
+    try:
+        with tempfile.NamedTemporaryFile(prefix="batchwork-body-") as file:  # named: the checks open it
+            spool = NdjsonSpool(model, priority, served.settings, file)
+            checker = request.app.state.checker
+            try:
+                total = await _spool_body(request, spool, checker, admitted)
+            except Exception:
+                await asyncio.wait([admitted])  # a refusal comes first, as when it was asked before the body
+                admitted.result()
+                raise
+            return await run_in_threadpool(_publish_spool, served, checker, tenant, spool, total, expires_at)
+    finally:
+        if not admitted.cancel() and not admitted.cancelled():
+            admitted.exception()  # it had ended: read, so asyncio does not log it
 
 
-async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) -> int:
+async def _spool_body(
+    request: Request, spool: NdjsonSpool, checker: Checker, admitted: asyncio.Future[None]
+) -> int:
     """Cut the body into pieces as it arrives, check them ``checker.width`` at a time while reading on, and
-    spool each in body order as its check ends; the number of items."""
+    spool each in body order as its check ends; the number of items. A refusal of ``admitted`` is raised as
+    soon as it is seen, and the items are counted only once it was admitted."""
     checks: deque[asyncio.Task[CheckedPiece]] = deque()
     in_flight = checker.width * PIECES_PER_CHECKER
 
@@ -144,6 +158,8 @@ async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) ->
     received = bytearray()
     try:
         async for data in request.stream():
+            if admitted.done():
+                admitted.result()
             received += data
             if len(received) >= FEED_BYTES:
                 check(spool.piece(received))
@@ -152,6 +168,7 @@ async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) ->
                     spool.add(await checks.popleft())
         check(spool.piece(received))
         check(spool.last_piece())
+        await admitted
         while checks:
             spool.add(await checks.popleft())
         return spool.finish()
