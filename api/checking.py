@@ -15,13 +15,14 @@ import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
 
 from starlette.concurrency import run_in_threadpool
 
-from api.spool import CheckedPiece, Piece, check_piece
+from api.spool import CheckedPiece, NdjsonSpool, Piece, check_piece, publisher, send_ranges
+from worker.calls import InferCall
 from worker.errors import SetupError
 from worker.models.registry import UnknownModel, model_class
 from worker.settings import Settings
@@ -62,6 +63,25 @@ class Checker:
                 if last_try:
                     raise SetupError("a process checking uploads died: send the body again") from None
         raise AssertionError("unreachable")
+
+    def send(self, spool: NdjsonSpool, call: InferCall) -> None:
+        """Send a checked body's messages from the checking processes, a run of consecutive parts each, all at
+        once (encoding a message is Python, one process at a time); SetupError if a process died."""
+        pool = self._running_pool()
+        path = spool.path
+        futures = [
+            pool.submit(send_ranges, path, ranges, call, i == 0, self.settings)
+            for i, ranges in enumerate(spool.part_ranges(self.processes))
+        ]
+        wait(futures)  # every process has stopped sending before a failure is told
+        try:
+            for future in futures:
+                future.result()
+        except BrokenProcessPool:
+            self._drop(pool)
+            raise SetupError(
+                "a process publishing an upload died: the job failed, send the body again"
+            ) from None
 
     def close(self) -> None:
         if self._pool is not None:
@@ -104,7 +124,11 @@ def _die_with(parent_pid: int) -> None:
 
 
 def _ready(settings: Settings) -> None:
-    """Import what checking needs, each served model's module included, so that no upload waits for it."""
+    """Import what checking and sending need, each served model's module included, so that no upload waits
+    for it."""
+    if not settings.embedded:  # the publisher's module and its connection, before the first upload sends
+        with suppress(Exception):  # a broker away now: the first upload says so
+            publisher(settings).client.ping()
     for name in settings.served:
         with suppress(UnknownModel):  # a model that cannot be imported: its uploads say so, one line each
             model_class(name, settings)

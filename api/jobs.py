@@ -27,6 +27,7 @@ from api.schemas import Job, JobList, JobRequest, ModelInfo, error_responses
 from api.spool import CheckedPiece, NdjsonSpool, Piece
 from worker.bounds import MAX_COUNT
 from worker.calls import InferCall, expiry
+from worker.jobs import RedisMessages
 from worker.models.registry import served_models
 from worker.store.api_keys import ApiKey
 from worker.store.catalog import InvalidCursor
@@ -121,17 +122,32 @@ def _submit_json(served: Backend, tenant: str, job: JobRequest) -> JobStatus:
 async def _submit_ndjson(
     request: Request, served: Backend, tenant: str, model: str, priority: str, deadline_s: float | None
 ) -> JobStatus:
-    await run_in_threadpool(limits.admit, served, tenant, 0)  # refuse before reading a large body
+    # Is there room at all? Asked while the body's first pieces arrive (its SQL and Redis reads took as long
+    # as a tenth of the upload): a refusal ends the upload as soon as it is known.
+    admitted = asyncio.ensure_future(run_in_threadpool(limits.admit, served, tenant, 0))
     expires_at = expiry(deadline_s)
-    with tempfile.NamedTemporaryFile(prefix="batchwork-body-") as file:  # named: the checks open it
-        spool = NdjsonSpool(model, priority, served.settings, file)
-        total = await _spool_body(request, spool, request.app.state.checker)
-        return await run_in_threadpool(_publish_spool, served, tenant, spool, total, expires_at)
+    try:
+        with tempfile.NamedTemporaryFile(prefix="batchwork-body-") as file:  # named: the checks open it
+            spool = NdjsonSpool(model, priority, served.settings, file)
+            checker = request.app.state.checker
+            try:
+                total = await _spool_body(request, spool, checker, admitted)
+            except Exception:
+                await asyncio.wait([admitted])  # a refusal comes first, as when it was asked before the body
+                admitted.result()
+                raise
+            return await run_in_threadpool(_publish_spool, served, checker, tenant, spool, total, expires_at)
+    finally:
+        if not admitted.cancel() and not admitted.cancelled():
+            admitted.exception()  # it had ended: read, so asyncio does not log it
 
 
-async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) -> int:
+async def _spool_body(
+    request: Request, spool: NdjsonSpool, checker: Checker, admitted: asyncio.Future[None]
+) -> int:
     """Cut the body into pieces as it arrives, check them ``checker.width`` at a time while reading on, and
-    spool each in body order as its check ends; the number of items."""
+    spool each in body order as its check ends; the number of items. A refusal of ``admitted`` is raised as
+    soon as it is seen, and the items are counted only once it was admitted."""
     checks: deque[asyncio.Task[CheckedPiece]] = deque()
     in_flight = checker.width * PIECES_PER_CHECKER
 
@@ -142,6 +158,8 @@ async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) ->
     received = bytearray()
     try:
         async for data in request.stream():
+            if admitted.done():
+                admitted.result()
             received += data
             if len(received) >= FEED_BYTES:
                 check(spool.piece(received))
@@ -150,6 +168,7 @@ async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) ->
                     spool.add(await checks.popleft())
         check(spool.piece(received))
         check(spool.last_piece())
+        await admitted
         while checks:
             spool.add(await checks.popleft())
         return spool.finish()
@@ -160,12 +179,17 @@ async def _spool_body(request: Request, spool: NdjsonSpool, checker: Checker) ->
 
 
 def _publish_spool(
-    served: Backend, tenant: str, spool: NdjsonSpool, total: int, expires_at: float | None
+    served: Backend, checker: Checker, tenant: str, spool: NdjsonSpool, total: int, expires_at: float | None
 ) -> JobStatus:
+    """Record the job, then send its messages: from the checking processes, each a run of the parts, where
+    there are some and the broker is Redis (encoding is Python: the API alone would send them one by one)."""
     limits.admit(served, tenant, total)
     call = InferCall(str(uuid4()), spool.model, (), spool.priority, 0, total, expires_at)
     served.jobs.record(call, tenant=tenant)
-    served.jobs.publish(call, spool.parts())
+    if checker.processes and isinstance(served.jobs.messages, RedisMessages):
+        served.jobs.publish_by(call, lambda: checker.send(spool, call))
+    else:
+        served.jobs.publish(call, spool.parts())
     return _status(served, call.job_id, [tenant])
 
 

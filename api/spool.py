@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import IO
@@ -22,8 +22,8 @@ from typing import IO
 import orjson
 
 from api.limits import check_job_size
-from worker.broker.producer import MAX_MESSAGE_BYTES
-from worker.calls import check_items, new_call
+from worker.broker.producer import MAX_MESSAGE_BYTES, Publisher
+from worker.calls import InferCall, check_items, new_call
 from worker.errors import InvalidInput
 from worker.jsonl import json_error
 from worker.settings import Settings
@@ -161,6 +161,10 @@ class NdjsonSpool:
         self._parts: list[PartRange] = []  # the job's parts, offsets counting from its first item
         self._max_line_bytes = settings.max_input_chars * 6 + LINE_OVERHEAD_BYTES
 
+    @property
+    def path(self) -> str:
+        return self._file.name
+
     def piece(self, data: bytes | bytearray) -> Piece | None:
         """Write the next bytes of the body to the file; the whole lines they complete, as a piece to check
         (None if they complete none); InvalidInput for a line too long to be one item."""
@@ -204,8 +208,39 @@ class NdjsonSpool:
         return self.total
 
     def parts(self) -> Iterator[tuple[int, bytes]]:
-        """The job's messages' parts as ``Publisher.send`` takes them, read back one at a time: a run of
-        lines as they came, their newlines made commas (the items' JSON joined, as a message holds it)."""
-        fd = self._file.fileno()
-        for offset, start, end in self._parts:
-            yield offset, os.pread(fd, end - start, start).replace(b"\n", b",")
+        """The job's messages' parts as ``Publisher.send`` takes them, read back one at a time."""
+        return part_bytes(self._file.fileno(), self._parts)
+
+    def part_ranges(self, slices: int) -> list[list[PartRange]]:
+        """The job's parts as byte ranges of the body's file, in up to ``slices`` runs of consecutive parts
+        (the first holds the job's first message), for ``send_ranges`` in as many processes."""
+        size = -(-len(self._parts) // slices)
+        return [self._parts[first : first + size] for first in range(0, len(self._parts), size)]
+
+
+def part_bytes(fd: int, ranges: Iterable[PartRange]) -> Iterator[tuple[int, bytes]]:
+    """Messages' parts read from the body's file one at a time, as ``Publisher.send`` takes them: a run of
+    lines as they came, their newlines made commas (the items' JSON joined, as a message holds it)."""
+    for offset, start, end in ranges:
+        yield offset, os.pread(fd, end - start, start).replace(b"\n", b",")
+
+
+# A checking process's own publisher, by broker URL: connected once, reused by every upload.
+_PUBLISHERS: dict[str, Publisher] = {}
+
+
+def publisher(settings: Settings) -> Publisher:
+    from worker.jobs import RedisMessages
+
+    if settings.broker_url not in _PUBLISHERS:
+        _PUBLISHERS[settings.broker_url] = RedisMessages(settings).publisher
+    return _PUBLISHERS[settings.broker_url]
+
+
+def send_ranges(path: str, ranges: list[PartRange], call: InferCall, first: bool, settings: Settings) -> int:
+    """Send the messages of ``ranges`` of the body's file ``path`` (a checking process does, beside the
+    others); ``first``: they begin with the job's first message, which carries the job id as its task id.
+    How many messages."""
+    with open(path, "rb", buffering=0) as file:
+        parts = part_bytes(file.fileno(), ranges)
+        return publisher(settings).send(call, parts, task_id=call.job_id if first else None)

@@ -11,7 +11,7 @@ and a queued job reads the same on every surface. It never runs a model and neve
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -150,8 +150,12 @@ class Jobs:
     def publish(self, call: InferCall, parts: Iterable[Any] | None = None) -> None:
         """Send the messages of a recorded job: ``call``'s items, or its items already encoded (``parts``).
         A failure part way fails the job, saying why, since the messages already sent still run."""
+        self.publish_by(call, lambda: self.messages.send(call, parts, record_job=False))
+
+    def publish_by(self, call: InferCall, send: Callable[[], object]) -> None:
+        """As ``publish``, the messages sent by ``send`` (the API's NDJSON: from its checking processes)."""
         try:
-            self.messages.send(call, parts, record_job=False)
+            send()
         except Exception as exc:
             self.records.fail_job(call.job_id, f"submit could not publish every message: {exc}")
             raise

@@ -12,7 +12,7 @@ from fastapi import HTTPException
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.spool import NdjsonSpool, Piece, check_piece, has_blank_line, part_ranges
+from api.spool import NdjsonSpool, Piece, check_piece, has_blank_line, part_bytes, part_ranges
 from worker.broker.producer import parts
 from worker.models.base import InvalidInput
 from worker.settings import Settings
@@ -123,3 +123,22 @@ def test_blank_lines_are_found_in_one_scan(lines: list[bytes], newline: bool) ->
     if data.endswith(b"\n"):
         split.pop()
     assert has_blank_line(data, split) == any(not line.strip() for line in split)
+
+
+@pytest.mark.parametrize("count", [1, 7, 8, 30, 50])
+@pytest.mark.parametrize("slices", [1, 2, 3, 8])
+def test_the_parts_split_into_runs_for_the_sending_processes_hold_each_part_once_in_order(
+    count: int, slices: int
+) -> None:
+    """``part_ranges(n)``: at most n runs of consecutive parts, the first holding the job's first message."""
+    body = b"".join(orjson.dumps({"text": f"item {i}"}) + b"\n" for i in range(count))
+    with tempfile.NamedTemporaryFile() as file:
+        spool = NdjsonSpool("noop", "normal", SETTINGS, file)
+        add(spool, spool.piece(body))
+        spool.finish()
+        runs = spool.part_ranges(slices)
+        whole = list(spool.parts())
+        assert 1 <= len(runs) <= slices and all(runs)
+        assert runs[0][0][0] == 0
+        with open(spool.path, "rb", buffering=0) as read:
+            assert [part for run in runs for part in part_bytes(read.fileno(), run)] == whole
