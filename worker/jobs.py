@@ -21,7 +21,7 @@ from worker.errors import JobNotFound, NoWorker
 from worker.models.registry import model_class
 from worker.settings import Settings, get_settings
 from worker.store.api_keys import DEFAULT_TENANT
-from worker.store.values import BatchRecord, ItemOutcome, JobSpec, JobState, JobStatus
+from worker.store.values import BatchRecord, ItemRecord, JobSpec, JobState, JobStatus
 
 if TYPE_CHECKING:
     from worker.calls import InferCall
@@ -64,12 +64,12 @@ class JobRecords(Protocol):
 
     def status(self, job_id: str, tenants: Collection[str] | None = None) -> JobStatus | None: ...
 
-    def results(self, job_id: str, after: int = -1, before: int | None = None) -> Iterator[ItemOutcome]: ...
+    def results(self, job_id: str, after: int = -1, before: int | None = None) -> Iterator[ItemRecord]: ...
 
     def result_lines(self, job_id: str, after: int = -1, limit: int | None = None) -> Iterator[bytes]: ...
 
     def write_batch(
-        self, record: BatchRecord | None, outcomes: Sequence[ItemOutcome], jobs: Sequence[JobSpec]
+        self, record: BatchRecord | None, outcomes: Sequence[ItemRecord], jobs: Sequence[JobSpec]
     ) -> int: ...
 
     def location(self) -> str: ...
@@ -257,9 +257,9 @@ class Jobs:
         return changed
 
     def _store_cancelled(self, spec: JobSpec, items: Iterable[tuple[int, str | None]]) -> None:
-        group: list[ItemOutcome] = []
+        group: list[ItemRecord] = []
         for index, item_id in items:
-            group.append(ItemOutcome(spec.job_id, index, item_id, error="cancelled"))
+            group.append(ItemRecord(spec.job_id, index, item_id, error="cancelled"))
             if len(group) >= CANCEL_GROUP:
                 self.records.write_batch(None, group, [spec])
                 group = []

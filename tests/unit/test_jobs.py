@@ -18,7 +18,7 @@ from worker.errors import BrokerUnavailable, JobNotFound
 from worker.jobs import Jobs
 from worker.settings import Settings
 from worker.store.catalog import JobPage, decode_cursor, encode_cursor
-from worker.store.values import FINISHED_STATES, UNFINISHED_STATES, ItemOutcome, JobSpec, JobState
+from worker.store.values import FINISHED_STATES, UNFINISHED_STATES, ItemRecord, JobSpec, JobState
 
 SETTINGS = Settings(broker_url="redis://127.0.0.1:1/0")  # never reached: the broker here is a fake
 
@@ -64,7 +64,7 @@ class MemoryBroker:
         """What a worker does: store the job's first item (its SQL row made from the message), then drop
         the record."""
         spec = JobSpec(call.job_id, call.model, call.priority, call.total)
-        self.store.write_batch(None, [ItemOutcome(call.job_id, 0, None, output=[1.0])], [spec])
+        self.store.write_batch(None, [ItemRecord(call.job_id, 0, None, output=[1.0])], [spec])
         self.records.pop(call.job_id, None)
 
 

@@ -145,7 +145,7 @@ def text_of(index: int, item: object, max_chars: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Finished:
+class FinishedSequence:
     """A sequence that left the running batch: its output, or the error that ended it."""
 
     key: Any
@@ -171,10 +171,10 @@ class StepModel(Model):
         raise NotImplementedError
 
     def admit(self, key: Any, payload: Any) -> None:
-        """Add a prepared sequence; ``key`` comes back in its Finished."""
+        """Add a prepared sequence; ``key`` comes back in its FinishedSequence."""
         raise NotImplementedError
 
-    def step(self) -> list[Finished]:
+    def step(self) -> list[FinishedSequence]:
         raise NotImplementedError
 
     def running(self) -> int:

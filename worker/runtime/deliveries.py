@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from worker.calls import InferCall
-from worker.store.values import BatchRecord, ItemColumns, ItemOutcome, JobSpec, TokenCount
+from worker.store.values import BatchRecord, ItemColumns, ItemRecord, JobSpec, TokenCount
 
 
 class Message(Protocol):
@@ -104,7 +104,7 @@ class Pack:
 
 
 @dataclass
-class Outcomes:
+class ResultsToStore:
     """Items' outcomes as columns, with the batch that produced them, if any. ``runs`` says which delivery
     owes which: (delivery, count) for consecutive outcomes, so a batch of one message's items is one run
     and is settled as one, not item by item."""
@@ -113,7 +113,7 @@ class Outcomes:
     columns: ItemColumns = field(default_factory=ItemColumns)
     runs: list[tuple[Delivery, int]] = field(default_factory=list)
 
-    def add(self, outcome: ItemOutcome, delivery: Delivery) -> None:
+    def add(self, outcome: ItemRecord, delivery: Delivery) -> None:
         self.columns.append(outcome)
         self._owe(delivery, 1)
 
@@ -140,8 +140,8 @@ class Outcomes:
         return len(self.columns)
 
     @property
-    def outcomes(self) -> list[ItemOutcome]:
-        """One ItemOutcome per item (for the rare paths that go item by item)."""
+    def outcomes(self) -> list[ItemRecord]:
+        """One ItemRecord per item (for the rare paths that go item by item)."""
         return self.columns.outcomes()
 
     @property
@@ -170,7 +170,7 @@ class TokenReport:
     counts: list[TokenCount]
 
 
-StoreWork = Outcomes | Refusal | TokenReport
+StoreWork = ResultsToStore | Refusal | TokenReport
 
 
 class Holdings:

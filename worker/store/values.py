@@ -41,7 +41,7 @@ class JobSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class ItemOutcome:
+class ItemRecord:
     """The result of one item: its output, or the error that stopped it (never both, never neither)."""
 
     job_id: str
@@ -58,11 +58,11 @@ class ItemOutcome:
                 f"(output is {'None' if self.output is None else 'set'}, error is {self.error!r})"
             )
 
-    def as_error(self, error: str, *, keep_id: bool = True) -> ItemOutcome:
+    def as_error(self, error: str, *, keep_id: bool = True) -> ItemRecord:
         """This item, ended with ``error`` instead (its output could not be stored); an error stays."""
         if self.error is not None and keep_id:
             return self
-        return ItemOutcome(
+        return ItemRecord(
             self.job_id, self.index, self.item_id if keep_id else None, error=self.error or error
         )
 
@@ -70,7 +70,7 @@ class ItemOutcome:
 @dataclass(slots=True)
 class ItemColumns:
     """Outcomes of many items as columns, row i being item i: what a worker hands the store by the
-    thousand, without an object per item. Each row has exactly one of output and error, as ItemOutcome."""
+    thousand, without an object per item. Each row has exactly one of output and error, as ItemRecord."""
 
     job_ids: list[str] = field(default_factory=list)
     indices: list[int] = field(default_factory=list)
@@ -82,7 +82,7 @@ class ItemColumns:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def append(self, outcome: ItemOutcome) -> None:
+    def append(self, outcome: ItemRecord) -> None:
         if outcome.tokens is not None and self.tokens is None:
             self.tokens = [None] * len(self.indices)
         self.job_ids.append(outcome.job_id)
@@ -111,16 +111,16 @@ class ItemColumns:
             self.tokens += [None] * len(indices)
 
     @staticmethod
-    def of(outcomes: Sequence[ItemOutcome]) -> ItemColumns:
+    def of(outcomes: Sequence[ItemRecord]) -> ItemColumns:
         columns = ItemColumns()
         for outcome in outcomes:
             columns.append(outcome)
         return columns
 
-    def outcomes(self) -> list[ItemOutcome]:
+    def outcomes(self) -> list[ItemRecord]:
         tokens = self.tokens or [None] * len(self.indices)
         return [
-            ItemOutcome(*row)
+            ItemRecord(*row)
             for row in zip(
                 self.job_ids, self.indices, self.item_ids, self.outputs, self.errors, tokens, strict=True
             )
@@ -144,7 +144,7 @@ class BatchRecord:
 
 # One batch to store: its record (None for outcomes that never reached a model), its outcomes, and a JobSpec
 # for every job among them (a job row still missing is created from it).
-BatchWrite = tuple["BatchRecord | None", "Sequence[ItemOutcome] | ItemColumns", Sequence["JobSpec"]]
+BatchWrite = tuple["BatchRecord | None", "Sequence[ItemRecord] | ItemColumns", Sequence["JobSpec"]]
 
 
 @dataclass(frozen=True, slots=True)

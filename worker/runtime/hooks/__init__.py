@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from worker.batching.scheduler import Item
-from worker.runtime.deliveries import Delivery, Outcomes, Pack
+from worker.runtime.deliveries import Delivery, Pack, ResultsToStore
 from worker.runtime.forward import Report
 from worker.store.values import BatchRecord
 
@@ -53,7 +53,7 @@ class Hook:
     def after_batch(self, runs: Sequence[Run], ran: Ran | None) -> None:
         """Run thread: these items ran (``ran`` is None for a sequence of a step model that finished)."""
 
-    def after_store(self, write: Outcomes) -> None:
+    def after_store(self, write: ResultsToStore) -> None:
         """Store thread: ``write``'s outcomes are committed (or stored as errors, or let go), not yet
         acknowledged."""
 
@@ -100,7 +100,7 @@ class Hooks:
         for hook in self._after_batch:
             hook.after_batch(runs, ran)
 
-    def after_store(self, write: Outcomes) -> None:
+    def after_store(self, write: ResultsToStore) -> None:
         for hook in self._after_store:
             hook.after_store(write)
 
