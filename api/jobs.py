@@ -26,7 +26,7 @@ from api.checking import Checker
 from api.schemas import Job, JobList, JobRequest, ModelInfo, error_responses
 from api.spool import CheckedPiece, NdjsonSpool, Piece
 from worker.bounds import MAX_COUNT
-from worker.calls import InferCall, expiry
+from worker.calls import NewJob, expiry
 from worker.models.registry import served_models
 from worker.store.api_keys import ApiKey
 from worker.store.catalog import InvalidCursor
@@ -163,7 +163,7 @@ def _publish_spool(
     served: Backend, tenant: str, spool: NdjsonSpool, total: int, expires_at: float | None
 ) -> JobStatus:
     limits.admit(served, tenant, total)
-    call = InferCall(str(uuid4()), spool.model, (), spool.priority, 0, total, expires_at)
+    call = NewJob.header(str(uuid4()), spool.model, spool.priority, total, expires_at)
     served.jobs.record(call, tenant=tenant)
     served.jobs.publish(call, spool.parts())
     return _status(served, call.job_id, [tenant])

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.integration.tcp_proxy import TcpProxy
-from worker.calls import InferCall
+from worker.calls import InferMessage
 from worker.runtime.deliveries import Delivery, Holdings, Refusal, ResultsToStore
 from worker.runtime.hooks import Hooks
 from worker.runtime.hooks.task_events import TaskEvents
@@ -47,7 +47,7 @@ class FakeMessage:
 
 def held(job: JobSpec, count: int) -> Delivery:
     delivery = Delivery(FakeMessage(str(uuid.uuid4())), 0.0)
-    delivery.call = InferCall(job.job_id, job.model, ["x"] * count, job.priority, total=job.total)
+    delivery.call = InferMessage(job.job_id, job.model, ["x"] * count, job.priority, total=job.total)
     delivery.pending = count
     return delivery
 

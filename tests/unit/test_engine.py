@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from tests.support.memory_store import MemoryStore, MemoryTunedLimits
-from worker.calls import InferCall
+from worker.calls import InferMessage
 from worker.models.base import Model
 from worker.runtime.engine import Engine
 from worker.runtime.outbox import Outbox
@@ -80,7 +80,7 @@ class FakeMessage:
 
 
 def message(model: str, inputs: list[Any], job_id: str | None = None, **fields: Any) -> FakeMessage:
-    call = InferCall(job_id or str(uuid.uuid4()), model, inputs, total=len(inputs), **fields)
+    call = InferMessage(job_id or str(uuid.uuid4()), model, inputs, total=len(inputs), **fields)
     return FakeMessage(call.kwargs(), task_id=call.job_id)
 
 

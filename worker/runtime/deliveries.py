@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
-from worker.calls import InferCall
+from worker.calls import InferMessage
 from worker.store.values import BatchRecord, ItemColumns, ItemRecord, JobSpec, TokenCount
 
 
@@ -33,7 +33,7 @@ class Delivery:
 
     message: Message
     received_at: float
-    call: InferCall | None = None
+    call: InferMessage | None = None
     pending: int = 0
     started: bool = False
     failed: int = 0
@@ -191,7 +191,7 @@ class Holdings:
         with self._lock:
             self._deliveries.add(delivery)
 
-    def hold(self, job: InferCall | JobSpec, count: int) -> None:
+    def hold(self, job: InferMessage | JobSpec, count: int) -> None:
         """``count`` more (or, negative, fewer) items of ``job`` are waiting to be stored."""
         with self._lock:
             if count > 0:

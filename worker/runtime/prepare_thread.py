@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from worker.batching.scheduler import Item, Scheduler
-from worker.calls import InferCall, check_item, item_id, parse_message, plain_items
+from worker.calls import InferMessage, check_item, item_id, parse_message, plain_items
 from worker.errors import InvalidInput
 from worker.models.base import Model, StepModel
 from worker.runtime.deliveries import Delivery, Holdings, Pack, Refusal, ResultsToStore, StoreWork
@@ -120,7 +120,7 @@ class Preparer:
             self.results.put(errors)
         self._prepare(delivery, model, Checked(valid, checked, ids), isolated, items)
 
-    def _parse(self, delivery: Delivery) -> InferCall | None:
+    def _parse(self, delivery: Delivery) -> InferMessage | None:
         try:
             args, kwargs, _embed = _decoded(delivery.message)
             if args:
