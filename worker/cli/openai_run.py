@@ -21,7 +21,7 @@ from rich.text import Text
 from worker.calls import NewJob
 from worker.cli.base import console, make_client
 from worker.jsonl import BOM, InputFileError, check_output_path, output
-from worker.openai_compat.batchfile import BatchPlan, Outcomes, answer_lines, plan_batch
+from worker.openai_compat.batchfile import BatchPlan, StoredResults, answer_lines, plan_batch
 from worker.openai_compat.tokens import count_tokens, detokenize
 from worker.settings import Settings, get_settings
 
@@ -148,7 +148,7 @@ def _write(
     from worker.models.registry import model_class
 
     settings = client.settings
-    outcomes: dict[str, Outcomes] = {
+    outcomes: dict[str, StoredResults] = {
         model: ((r.index, r.output, r.error) for r in client.store.results(job_id))
         for model, job_id in jobs.items()
     }
