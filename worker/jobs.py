@@ -39,6 +39,9 @@ ORDER_WINDOW_CHUNKS = 8
 
 
 class ItemResult(NamedTuple):
+    """One stored item as a reader gets it back (``Client.results``): a tuple of its index, output, error
+    and user id. Inside the worker the store writes and reads ItemRecords (worker/store/values.py)."""
+
     index: int  # type: ignore[assignment]  # shadows tuple.index on purpose: results are (index, ...)
     output: Any
     error: str | None

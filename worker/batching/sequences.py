@@ -48,7 +48,8 @@ class Pages(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RetiredSequence:
-    """A sequence that left: its generated token ids (an EOS included) and why it stopped, or its error."""
+    """A sequence that left the scheduler: its generated token ids (an EOS included) and why it stopped, or
+    its error. Token ids only: the model decodes them into its FinishedSequence (models/base.py)."""
 
     key: Any
     token_ids: tuple[int, ...] = ()

@@ -146,7 +146,8 @@ def text_of(index: int, item: object, max_chars: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class FinishedSequence:
-    """A sequence that left the running batch: its output, or the error that ended it."""
+    """What a StepModel's ``step`` returns for a sequence that left its running batch: the item's output (what
+    is stored), or the error that ended it, under the key it was admitted with."""
 
     key: Any
     output: Any = None

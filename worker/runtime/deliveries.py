@@ -105,9 +105,9 @@ class Pack:
 
 @dataclass
 class ResultsToStore:
-    """Items' outcomes as columns, with the batch that produced them, if any. ``runs`` says which delivery
-    owes which: (delivery, count) for consecutive outcomes, so a batch of one message's items is one run
-    and is settled as one, not item by item."""
+    """Item records for the store thread to write (as ItemColumns), with the batch that produced them, if
+    any. ``runs`` says which delivery owes which: (delivery, count) for consecutive rows, so a batch of one
+    message's items is one run and is settled as one, not item by item."""
 
     record: BatchRecord | None = None
     columns: ItemColumns = field(default_factory=ItemColumns)

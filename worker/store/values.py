@@ -1,4 +1,4 @@
-"""The plain values the store takes and gives back: jobs, item outcomes, batch records, token counts.
+"""The plain values the store takes and gives back: jobs, item records, batch records, token counts.
 
 Frozen dataclasses, no SQL; the runtime, the client and the API pass these across layers.
 """
@@ -42,7 +42,9 @@ class JobSpec:
 
 @dataclass(frozen=True, slots=True)
 class ItemRecord:
-    """The result of one item: its output, or the error that stopped it (never both, never neither)."""
+    """One item's result as the store writes and reads it: its output, or the error that stopped it (never
+    both, never neither), with its job, index, user id and generated tokens. Readers outside the worker get
+    an ItemResult (worker/jobs.py)."""
 
     job_id: str
     index: int
@@ -69,8 +71,8 @@ class ItemRecord:
 
 @dataclass(slots=True)
 class ItemColumns:
-    """Outcomes of many items as columns, row i being item i: what a worker hands the store by the
-    thousand, without an object per item. Each row has exactly one of output and error, as ItemRecord."""
+    """Many ItemRecords as columns, row i being item i: what a worker hands the store by the thousand,
+    without an object per item. Each row has exactly one of output and error, as an ItemRecord."""
 
     job_ids: list[str] = field(default_factory=list)
     indices: list[int] = field(default_factory=list)

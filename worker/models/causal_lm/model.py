@@ -284,6 +284,7 @@ class CausalLM(StepModel):
         return str(_loaded(self._decoder, "step").decode(list(ids), skip_special_tokens=True))
 
     def _finished(self, generation: RetiredSequence) -> FinishedSequence:
+        """A retired sequence's ids decoded into the output that is stored."""
         if generation.error is not None:
             return FinishedSequence(generation.key, error=generation.error)
         ids, prompt = generation.token_ids, cast(Prompt, generation.prompt)
