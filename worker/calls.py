@@ -1,9 +1,10 @@
 """What one `batchwork.infer` call or message asks for, and the checks every item passes.
 
-Producers check a call's arguments and every item before anything is enqueued; the worker checks each
-message it receives once more (a raw Celery call can skip the producer) and turns what fails into stored
-errors. Every value a caller or a message carries is bounded here, before it can reach the store. No Celery,
-Redis, SQL or torch here.
+A producer turns a call into a NewJob (``new_job``) and sends it as messages; a worker reads each message
+back as an InferMessage (``parse_message``). Producers check a call's arguments and every item before
+anything is enqueued; the worker checks each message it receives once more (a raw Celery call can skip the
+producer) and turns what fails into stored errors. Every value a caller or a message carries is bounded
+here, before it can reach the store. No Celery, Redis, SQL or torch here.
 """
 
 from __future__ import annotations
