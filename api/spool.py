@@ -77,6 +77,7 @@ def check_piece(piece: Piece, model: str, priority: str, settings: Settings) -> 
     except orjson.JSONDecodeError:
         return CheckedPiece(0, [], priority, _first_bad_json(raws, numbers))
     try:
+        # Checked only: the job (and its id) is made once every piece passed (api/jobs.py, NewJob.header).
         call = new_job("", {"model": model, "inputs": items, "priority": priority or None}, settings)
         check_items(call, settings)
     except InvalidInput as exc:
