@@ -125,7 +125,7 @@ class ResultsToStore:
         outputs: list[Any],
         errors: list[str | None],
     ) -> None:
-        """Outcomes of items of ``delivery`` (each with exactly one of output and error)."""
+        """Results of items of ``delivery`` (each with exactly one of output and error)."""
         assert delivery.call is not None
         self.columns.extend(delivery.call.job_id, indices, item_ids, outputs, errors)
         self._owe(delivery, len(indices))
