@@ -27,7 +27,7 @@ from typing import Any
 from api.backend import Backend
 from api.batch_output import Cursor, LeaseLost, OutputWriter
 from api.uploads import CACHED_BYTES, UploadCache, checked_plan
-from worker.calls import InferCall
+from worker.calls import NewJob
 from worker.errors import DatabaseUnavailable, JobNotFound
 from worker.models.registry import model_class
 from worker.openai_compat.batchfile import BatchPlan, plan_batch
@@ -191,7 +191,7 @@ class BatchRunner:
     def _enqueue(
         self, row: dict[str, Any], job_id: str, model: str, items: list[Any], expires_at: float
     ) -> None:
-        call = InferCall(job_id, model, items, BATCH_PRIORITY, 0, len(items), expires_at, time.time())
+        call = NewJob(job_id, model, items, BATCH_PRIORITY, 0, len(items), expires_at, time.time())
         # A job recorded by an earlier try of this step is left as it is and published again: every
         # item's result is stored once whatever number of times its message runs.
         self.served.jobs.record(call, tenant=row["tenant"], metadata={"openai_batch": row["id"]})

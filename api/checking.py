@@ -22,7 +22,7 @@ from contextlib import suppress
 from starlette.concurrency import run_in_threadpool
 
 from api.spool import CheckedPiece, NdjsonSpool, Piece, check_piece, publisher, send_ranges
-from worker.calls import InferCall
+from worker.calls import NewJob
 from worker.errors import SetupError
 from worker.models.registry import UnknownModel, model_class
 from worker.settings import Settings
@@ -64,7 +64,7 @@ class Checker:
                     raise SetupError("a process checking uploads died: send the body again") from None
         raise AssertionError("unreachable")
 
-    def send(self, spool: NdjsonSpool, call: InferCall) -> None:
+    def send(self, spool: NdjsonSpool, call: NewJob) -> None:
         """Send a checked body's messages from the checking processes, a run of consecutive parts each, all at
         once (encoding a message is Python, one process at a time); SetupError if a process died."""
         pool = self._running_pool()

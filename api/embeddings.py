@@ -17,19 +17,19 @@ from worker.store.results import ResultStore
 POLL_S = 0.005  # between reads while some request waits (each read is one indexed query)
 _RESULT = tables.results.c
 
-Outcome = tuple[Any, str | None]  # (output, error) of one item
+OutputOrError = tuple[Any, str | None]  # (output, error) of one item
 
 
 class ResultWaiter:
     def __init__(self, store: ResultStore) -> None:
         self.store = store
-        self._waiting: dict[str, tuple[int, asyncio.Future[list[Outcome]]]] = {}
+        self._waiting: dict[str, tuple[int, asyncio.Future[list[OutputOrError]]]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
 
-    async def wait(self, job_id: str, total: int, timeout_s: float) -> list[Outcome] | None:
+    async def wait(self, job_id: str, total: int, timeout_s: float) -> list[OutputOrError] | None:
         """The outcomes of the job's ``total`` items in index order, or None after ``timeout_s``."""
-        future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[list[OutputOrError]] = asyncio.get_running_loop().create_future()
         self._waiting[job_id] = (total, future)
         self._ensure_poller()
         try:
@@ -70,11 +70,11 @@ class ResultWaiter:
                     entry[1].set_result([outcomes[index] for index in range(entry[0])])
             await asyncio.sleep(POLL_S)
 
-    def _read(self, job_ids: list[str]) -> dict[str, dict[int, Outcome]]:
+    def _read(self, job_ids: list[str]) -> dict[str, dict[int, OutputOrError]]:
         query = select(_RESULT.job_id, _RESULT.item_index, _RESULT.output, _RESULT.error).where(
             _RESULT.job_id.in_(job_ids)
         )
-        found: dict[str, dict[int, Outcome]] = {}
+        found: dict[str, dict[int, OutputOrError]] = {}
         with self.store.engine.connect() as conn:
             for job_id, index, output, error in conn.execute(query):
                 found.setdefault(job_id, {})[index] = (output, error)

@@ -26,7 +26,7 @@ from api.checking import Checker
 from api.schemas import Job, JobList, JobRequest, ModelInfo, error_responses
 from api.spool import CheckedPiece, NdjsonSpool, Piece
 from worker.bounds import MAX_COUNT
-from worker.calls import InferCall, expiry
+from worker.calls import NewJob, expiry
 from worker.jobs import RedisMessages
 from worker.models.registry import served_models
 from worker.store.api_keys import ApiKey
@@ -184,7 +184,7 @@ def _publish_spool(
     """Record the job, then send its messages: from the checking processes, each a run of the parts, where
     there are some and the broker is Redis (encoding is Python: the API alone would send them one by one)."""
     limits.admit(served, tenant, total)
-    call = InferCall(str(uuid4()), spool.model, (), spool.priority, 0, total, expires_at)
+    call = NewJob.header(str(uuid4()), spool.model, spool.priority, total, expires_at)
     served.jobs.record(call, tenant=tenant)
     if checker.processes and isinstance(served.jobs.messages, RedisMessages):
         served.jobs.publish_by(call, lambda: checker.send(spool, call))

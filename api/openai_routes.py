@@ -38,7 +38,7 @@ from api.openai_schemas import (
 )
 from api.schemas import error_responses
 from api.uploads import CACHED_BYTES, UploadCache
-from worker.calls import InferCall
+from worker.calls import NewJob
 from worker.models.registry import model_class
 from worker.openai_compat.requests import EMBEDDINGS, RequestError, parse_request
 from worker.openai_compat.responses import OutputError, embeddings_body
@@ -347,7 +347,7 @@ async def embeddings(body: EmbeddingRequest, key: Caller, oai: Surface) -> Any:
         request = parse_request(EMBEDDINGS, body.model_dump(exclude_none=True), settings, detokenize)
     except RequestError as exc:
         raise HTTPException(422, f"{exc.param or 'body'}: {exc.message}") from None
-    call = InferCall(
+    call = NewJob(
         str(uuid.uuid4()), request.model, request.items, "high", 0, len(request.items), None, time.time()
     )
     await run_in_threadpool(_enqueue, oai, key.tenant, call)
@@ -370,6 +370,6 @@ async def embeddings(body: EmbeddingRequest, key: Caller, oai: Surface) -> Any:
         raise HTTPException(422, str(exc)) from None
 
 
-def _enqueue(oai: OpenAISurface, tenant: str, call: InferCall) -> None:
+def _enqueue(oai: OpenAISurface, tenant: str, call: NewJob) -> None:
     limits.admit(oai.served, tenant, call.total)
     oai.served.jobs.enqueue(call, tenant=tenant)

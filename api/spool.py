@@ -3,7 +3,7 @@ published from it.
 
 The body is cut into pieces of whole lines (a few hundred KiB each), named by their byte range in the file.
 ``check_piece`` reads a piece's bytes from the file, parses and checks its lines with the producers' own
-checks (``new_call`` and ``check_items``), in another process when it can (see api/checking.py), and returns
+checks (``new_job`` and ``check_items``), in another process when it can (see api/checking.py), and returns
 the messages' parts as byte ranges of the file: runs of consecutive lines, which become a message's items
 with their newlines turned into commas, as they came. So only file names and numbers cross between the
 processes, and publishing encodes no item again. Memory holds the bytes of a piece or a part at a time,
@@ -23,7 +23,7 @@ import orjson
 
 from api.limits import check_job_size
 from worker.broker.producer import MAX_MESSAGE_BYTES, Publisher
-from worker.calls import InferCall, check_items, new_call
+from worker.calls import NewJob, check_items, new_job
 from worker.errors import InvalidInput
 from worker.jsonl import json_error
 from worker.settings import Settings
@@ -77,7 +77,8 @@ def check_piece(piece: Piece, model: str, priority: str, settings: Settings) -> 
     except orjson.JSONDecodeError:
         return CheckedPiece(0, [], priority, _first_bad_json(raws, numbers))
     try:
-        call = new_call("", {"model": model, "inputs": items, "priority": priority or None}, settings)
+        # Checked only: the job (and its id) is made once every piece passed (api/jobs.py, NewJob.header).
+        call = new_job("", {"model": model, "inputs": items, "priority": priority or None}, settings)
         check_items(call, settings)
     except InvalidInput as exc:
         error = str(exc) if exc.index is None else f"line {numbers[exc.index]}: {exc.detail}"
@@ -237,7 +238,7 @@ def publisher(settings: Settings) -> Publisher:
     return _PUBLISHERS[settings.broker_url]
 
 
-def send_ranges(path: str, ranges: list[PartRange], call: InferCall, first: bool, settings: Settings) -> int:
+def send_ranges(path: str, ranges: list[PartRange], call: NewJob, first: bool, settings: Settings) -> int:
     """Send the messages of ``ranges`` of the body's file ``path`` (a checking process does, beside the
     others); ``first``: they begin with the job's first message, which carries the job id as its task id.
     How many messages."""

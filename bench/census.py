@@ -24,14 +24,14 @@ from tests.support.services import RedisServer
 from worker.broker.census import MessageCensus
 from worker.broker.keys import Keys
 from worker.broker.producer import Publisher
-from worker.calls import InferCall
+from worker.calls import NewJob
 
 
 def _fill(url: str, keys: Keys, count: int) -> list[str]:
     publisher = Publisher(url, keys, 512)
     ids = []
     for _ in range(count):
-        call = InferCall(str(uuid.uuid4()), "noop", ("some text of a few words",), "normal", 0, 1, None)
+        call = NewJob(str(uuid.uuid4()), "noop", ("some text of a few words",), "normal", 0, 1, None)
         publisher.enqueue(call, task_id=call.job_id)
         ids.append(call.job_id)
     return ids

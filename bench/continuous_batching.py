@@ -23,7 +23,7 @@ from pathlib import Path
 from bench import harness as h
 from bench.causal_lm import run_generate
 from tests.support.batched_runs import Request, run_continuous
-from worker.batching.sequences import Generation, pages_for
+from worker.batching.sequences import RetiredSequence, pages_for
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.causal_lm.model import PAGE_TOKENS, CausalLM
 from worker.models.gpt2 import GPT2
@@ -144,7 +144,7 @@ def run_workload(engine: CausalLM, prompts: Sequence[Prompt]) -> Workload:
         max_running = engine.max_running
         can_admit, admit, running = engine.can_admit, engine.admit, engine.running
 
-        def step(self) -> list[Generation]:
+        def step(self) -> list[RetiredSequence]:
             batch_sizes.append(engine.running())
             before = time.monotonic()
             done = engine.advance()

@@ -1,9 +1,10 @@
 """What one `batchwork.infer` call or message asks for, and the checks every item passes.
 
-Producers check a call's arguments and every item before anything is enqueued; the worker checks each
-message it receives once more (a raw Celery call can skip the producer) and turns what fails into stored
-errors. Every value a caller or a message carries is bounded here, before it can reach the store. No Celery,
-Redis, SQL or torch here.
+A producer turns a call into a NewJob (``new_job``) and sends it as messages; a worker reads each message
+back as an InferMessage (``parse_message``). Producers check a call's arguments and every item before
+anything is enqueued; the worker checks each message it receives once more (a raw Celery call can skip the
+producer) and turns what fails into stored errors. Every value a caller or a message carries is bounded
+here, before it can reach the store. No Celery, Redis, SQL or torch here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Any
 
@@ -25,11 +26,12 @@ from worker.settings import Settings
 __all__ = [
     "MAX_COUNT",
     "MAX_ITEM_ID_CHARS",
-    "InferCall",
+    "InferMessage",
     "check_item",
     "check_items",
     "job_id_of",
-    "new_call",
+    "new_job",
+    "NewJob",
     "plain_items",
 ]
 
@@ -48,8 +50,72 @@ MESSAGE_ARGUMENTS = (
 
 
 @dataclass(frozen=True, slots=True)
-class InferCall:
-    """One message: items ``offset .. offset+len(inputs)-1`` of job ``job_id`` (of ``total`` items)."""
+class NewJob:
+    """A job as a producer sends it: its fields, and its items from job index ``offset`` on (all of them;
+    a window of them, for a producer that publishes a job in parts; or none, ``header``). The worker never
+    sees one: each message it receives is an InferMessage."""
+
+    job_id: str
+    model: str
+    inputs: Sequence[Any]
+    priority: str = "normal"
+    offset: int = 0  # the job index of ``inputs[0]``
+    total: int = 0
+    expires_at: float | None = None  # Unix time after which items not yet started end as expired
+    created_at: float | None = None  # Unix time the producer accepted the job
+
+    @classmethod
+    def header(
+        cls,
+        job_id: str,
+        model: str,
+        priority: str,
+        total: int,
+        expires_at: float | None = None,
+        created_at: float | None = None,
+    ) -> NewJob:
+        """A job of ``total`` items without them: what is recorded and what each message repeats, for a
+        producer that sends the items already encoded (``Jobs.publish``'s parts) or a window at a time."""
+        return cls(job_id, model, (), priority, 0, total, expires_at, created_at)
+
+    def window(self, offset: int, inputs: Sequence[Any]) -> NewJob:
+        """This job with its items from job index ``offset`` on (``batchwork run``: a window at a time)."""
+        return replace(self, inputs=inputs, offset=offset)
+
+    def fields(self) -> dict[str, Any]:
+        """The keyword arguments of this job's messages but the inputs (and ``offset``, which is the first
+        message's)."""
+        fields = {
+            "model": self.model,
+            "priority": self.priority,
+            "job_id": self.job_id,
+            "offset": self.offset,
+            "total": self.total,
+        }
+        if self.expires_at is not None:
+            fields["expires_at"] = self.expires_at
+        if self.created_at is not None:
+            fields["created_at"] = self.created_at
+        return fields
+
+    def message(self, start: int, size: int) -> InferMessage:
+        """The message carrying ``inputs[start : start + size]`` (job indices ``offset + start`` on)."""
+        return InferMessage(
+            self.job_id,
+            self.model,
+            self.inputs[start : start + size],
+            self.priority,
+            self.offset + start,
+            self.total,
+            self.expires_at,
+            self.created_at,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InferMessage:
+    """One message as a worker receives it: items ``offset .. offset+len(inputs)-1`` of job ``job_id`` (of
+    ``total`` items), or the items at ``indices``."""
 
     job_id: str
     model: str
@@ -65,9 +131,9 @@ class InferCall:
         """The job index of the message's item at ``position``."""
         return self.offset + position if self.indices is None else self.indices[position]
 
-    def fields(self) -> dict[str, Any]:
-        """The message's keyword arguments but the inputs."""
-        fields = {
+    def kwargs(self) -> dict[str, Any]:
+        """The message's keyword arguments, as ``parse_message`` reads them back."""
+        kwargs: dict[str, Any] = {
             "model": self.model,
             "priority": self.priority,
             "job_id": self.job_id,
@@ -75,35 +141,21 @@ class InferCall:
             "total": self.total,
         }
         if self.expires_at is not None:
-            fields["expires_at"] = self.expires_at
+            kwargs["expires_at"] = self.expires_at
         if self.created_at is not None:
-            fields["created_at"] = self.created_at
-        return fields
-
-    def kwargs(self) -> dict[str, Any]:
-        return {**self.fields(), "inputs": list(self.inputs)}
-
-    def chunk(self, offset: int, size: int) -> InferCall:
-        """The message carrying items ``offset .. offset+size-1`` of this call's job."""
-        return InferCall(
-            self.job_id,
-            self.model,
-            self.inputs[offset : offset + size],
-            self.priority,
-            offset,
-            self.total,
-            self.expires_at,
-            self.created_at,
-        )
+            kwargs["created_at"] = self.created_at
+        if self.indices is not None:
+            kwargs["indices"] = list(self.indices)
+        return {**kwargs, "inputs": list(self.inputs)}
 
 
-def new_call(job_id: str, kwargs: Mapping[str, Any], settings: Settings) -> InferCall:
+def new_job(job_id: str, kwargs: Mapping[str, Any], settings: Settings) -> NewJob:
     """A producer's call (``model``, ``inputs``, ``priority``, ``deadline_s``) as job ``job_id``; the items
     themselves are checked by ``check_items``. InvalidInput names the argument at fault."""
     _refuse_unknown(kwargs, CALL_ARGUMENTS)
     model = _model(kwargs.get("model"), settings)
     inputs = _inputs(kwargs.get("inputs"), settings)
-    return InferCall(
+    return NewJob(
         job_id=job_id,
         model=model,
         inputs=inputs,
@@ -114,7 +166,7 @@ def new_call(job_id: str, kwargs: Mapping[str, Any], settings: Settings) -> Infe
     )
 
 
-def parse_message(task_id: str, kwargs: object, settings: Settings) -> InferCall:
+def parse_message(task_id: str, kwargs: object, settings: Settings) -> InferMessage:
     """The call a received message carries; InvalidInput for anything wrong but the items themselves."""
     if not isinstance(kwargs, dict):
         raise InvalidInput("the message's keyword arguments are not an object")
@@ -129,7 +181,7 @@ def parse_message(task_id: str, kwargs: object, settings: Settings) -> InferCall
         raise InvalidInput(
             f"items {offset}..{offset + len(inputs) - 1} lie beyond the job's total of {total}"
         )
-    return InferCall(
+    return InferMessage(
         job_id=job_id_of(kwargs.get("job_id", task_id), "job_id" if "job_id" in kwargs else "the task id"),
         model=model,
         inputs=inputs,
@@ -142,7 +194,7 @@ def parse_message(task_id: str, kwargs: object, settings: Settings) -> InferCall
     )
 
 
-def check_items(call: InferCall, settings: Settings) -> None:
+def check_items(call: NewJob, settings: Settings) -> None:
     """Raise InvalidInput naming the first item the model cannot take (producer side)."""
     cls = model_class(call.model, settings)
     if plain_items(cls, call.inputs, settings) is not None:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 from uuid import uuid4
 
-from worker.calls import InferCall, check_items, new_call
+from worker.calls import NewJob, check_items, new_job
 from worker.errors import InvalidInput, JobNotFound
 from worker.jobs import ORDER_WINDOW_CHUNKS, ItemResult, Jobs, default_jobs, length_order
 from worker.settings import Settings, get_settings
@@ -49,10 +49,10 @@ class Client:
 
     def check(
         self, model: str, inputs: Sequence[Any], priority: str = "normal", deadline_s: float | None = None
-    ) -> InferCall:
+    ) -> NewJob:
         """The call, every item checked; InvalidInput (naming the item and field) for the first mistake."""
         kwargs = {"model": model, "inputs": inputs, "priority": priority, "deadline_s": deadline_s}
-        call = new_call(str(uuid4()), kwargs, self.settings)
+        call = new_job(str(uuid4()), kwargs, self.settings)
         check_items(call, self.settings)
         return call
 

@@ -21,10 +21,10 @@ from worker.errors import JobNotFound, NoWorker
 from worker.models.registry import model_class
 from worker.settings import Settings, get_settings
 from worker.store.api_keys import DEFAULT_TENANT
-from worker.store.values import BatchRecord, ItemOutcome, JobSpec, JobState, JobStatus
+from worker.store.values import BatchRecord, ItemRecord, JobSpec, JobState, JobStatus
 
 if TYPE_CHECKING:
-    from worker.calls import InferCall
+    from worker.calls import NewJob
     from worker.store.catalog import JobCatalog, JobPage
 
 NO_WORKER = (
@@ -39,6 +39,9 @@ ORDER_WINDOW_CHUNKS = 8
 
 
 class ItemResult(NamedTuple):
+    """One stored item as a reader gets it back (``Client.results``): a tuple of its index, output, error
+    and user id. Inside the worker the store writes and reads ItemRecords (worker/store/values.py)."""
+
     index: int  # type: ignore[assignment]  # shadows tuple.index on purpose: results are (index, ...)
     output: Any
     error: str | None
@@ -64,12 +67,12 @@ class JobRecords(Protocol):
 
     def status(self, job_id: str, tenants: Collection[str] | None = None) -> JobStatus | None: ...
 
-    def results(self, job_id: str, after: int = -1, before: int | None = None) -> Iterator[ItemOutcome]: ...
+    def results(self, job_id: str, after: int = -1, before: int | None = None) -> Iterator[ItemRecord]: ...
 
     def result_lines(self, job_id: str, after: int = -1, limit: int | None = None) -> Iterator[bytes]: ...
 
     def write_batch(
-        self, record: BatchRecord | None, outcomes: Sequence[ItemOutcome], jobs: Sequence[JobSpec]
+        self, record: BatchRecord | None, outcomes: Sequence[ItemRecord], jobs: Sequence[JobSpec]
     ) -> int: ...
 
     def location(self) -> str: ...
@@ -78,7 +81,7 @@ class JobRecords(Protocol):
 class Messages(Protocol):
     """Where a job's messages go, and the record of an ``infer.delay`` job no worker has taken yet."""
 
-    def send(self, call: InferCall, parts: Iterable[Any] | None, *, record_job: bool) -> None:
+    def send(self, call: NewJob, parts: Iterable[Any] | None, *, record_job: bool) -> None:
         """``call``'s items as messages (or its items already encoded, ``Publisher.send``'s parts); with
         ``record_job``, the job's record in the same transaction."""
         ...
@@ -125,13 +128,13 @@ class Jobs:
 
     # -- enqueue ------------------------------------------------------------------------------------
 
-    def enqueue(self, call: InferCall, *, tenant: str = DEFAULT_TENANT, metadata: Any = None) -> str:
+    def enqueue(self, call: NewJob, *, tenant: str = DEFAULT_TENANT, metadata: Any = None) -> str:
         """A checked call's job recorded in SQL, then its messages published; the job id."""
         self.record(call, tenant=tenant, metadata=metadata)
         self.publish(call)
         return call.job_id
 
-    def delay(self, call: InferCall) -> str:
+    def delay(self, call: NewJob) -> str:
         """``infer.delay``'s path: the job's Redis record and its message in one transaction (no SQL); the
         in-process broker has no records, so there the job is recorded in SQL first, as any other."""
         if self.settings.embedded:
@@ -139,7 +142,7 @@ class Jobs:
         self.messages.send(call, None, record_job=True)
         return call.job_id
 
-    def record(self, call: InferCall, *, tenant: str = DEFAULT_TENANT, metadata: Any = None) -> bool:
+    def record(self, call: NewJob, *, tenant: str = DEFAULT_TENANT, metadata: Any = None) -> bool:
         """Record the job of a checked call in SQL (``call.total`` items), before any of it is published, for
         a producer that publishes it in parts (``batchwork run``, the API's NDJSON); False when it existed.
         InvalidInput for metadata the store could not keep."""
@@ -147,12 +150,12 @@ class Jobs:
         spec = JobSpec(call.job_id, call.model, call.priority, call.total)
         return self.records.create_job(spec, create_schema=True, tenant=tenant, metadata=metadata)
 
-    def publish(self, call: InferCall, parts: Iterable[Any] | None = None) -> None:
+    def publish(self, call: NewJob, parts: Iterable[Any] | None = None) -> None:
         """Send the messages of a recorded job: ``call``'s items, or its items already encoded (``parts``).
         A failure part way fails the job, saying why, since the messages already sent still run."""
         self.publish_by(call, lambda: self.messages.send(call, parts, record_job=False))
 
-    def publish_by(self, call: InferCall, send: Callable[[], object]) -> None:
+    def publish_by(self, call: NewJob, send: Callable[[], object]) -> None:
         """As ``publish``, the messages sent by ``send`` (the API's NDJSON: from its checking processes)."""
         try:
             send()
@@ -261,9 +264,9 @@ class Jobs:
         return changed
 
     def _store_cancelled(self, spec: JobSpec, items: Iterable[tuple[int, str | None]]) -> None:
-        group: list[ItemOutcome] = []
+        group: list[ItemRecord] = []
         for index, item_id in items:
-            group.append(ItemOutcome(spec.job_id, index, item_id, error="cancelled"))
+            group.append(ItemRecord(spec.job_id, index, item_id, error="cancelled"))
             if len(group) >= CANCEL_GROUP:
                 self.records.write_batch(None, group, [spec])
                 group = []
@@ -301,7 +304,7 @@ class RedisMessages:
         self.publisher = Publisher(settings.broker_url, keys, settings.submit_chunk_size)
         self.pending = PendingJobs(settings.broker_url, keys)
 
-    def send(self, call: InferCall, parts: Iterable[Any] | None, *, record_job: bool) -> None:
+    def send(self, call: NewJob, parts: Iterable[Any] | None, *, record_job: bool) -> None:
         if parts is None:
             order = length_order(call, self.settings)
             self.publisher.enqueue(call, task_id=call.job_id, record_job=record_job, order=order)
@@ -321,7 +324,7 @@ class InProcessMessages:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
-    def send(self, call: InferCall, parts: Iterable[Any] | None, *, record_job: bool) -> None:
+    def send(self, call: NewJob, parts: Iterable[Any] | None, *, record_job: bool) -> None:
         from worker.broker.in_process import IN_PROCESS_WORKER, publish_in_process
 
         if parts is not None or not IN_PROCESS_WORKER.is_set():
@@ -346,7 +349,7 @@ def default_jobs() -> Jobs:
     return _DEFAULT[0]
 
 
-def length_order(call: InferCall, settings: Settings) -> list[int] | None:
+def length_order(call: NewJob, settings: Settings) -> list[int] | None:
     """The positions of ``call``'s items shortest first within each window of ORDER_WINDOW_CHUNKS messages,
     for a model that batches by length (it has length buckets); None where that changes nothing.
 

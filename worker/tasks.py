@@ -14,7 +14,7 @@ from uuid import uuid4
 
 from celery import Task
 
-from worker.calls import TASK_NAME, check_items, new_call
+from worker.calls import TASK_NAME, check_items, new_job
 from worker.celery_app import app
 from worker.errors import InvalidInput
 
@@ -48,7 +48,7 @@ class InferTask(Task):
         kwargs = _with_expiry(dict(kwargs or {}), options.pop("expires", None))
         _refuse(options)
         jobs = default_jobs()
-        call = new_call(str(uuid4()), kwargs, jobs.settings)
+        call = new_job(str(uuid4()), kwargs, jobs.settings)
         check_items(call, jobs.settings)
         return self.AsyncResult(jobs.delay(call))
 

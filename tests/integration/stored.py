@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from worker.store.results import BatchRecord, ItemOutcome, JobSpec, ResultStore
+from worker.store.results import BatchRecord, ItemRecord, JobSpec, ResultStore
 
 
 def new_job(total: int = 4, model: str = "minilm", priority: str = "normal") -> JobSpec:
@@ -26,13 +26,13 @@ def batch(size: int, started_at: datetime | None = None, model: str = "minilm") 
     )
 
 
-def ok(job: JobSpec, index: int) -> ItemOutcome:
-    return ItemOutcome(job.job_id, index, f"item-{index}", output={"label": "pos", "score": index / 8})
+def ok(job: JobSpec, index: int) -> ItemRecord:
+    return ItemRecord(job.job_id, index, f"item-{index}", output={"label": "pos", "score": index / 8})
 
 
-def err(job: JobSpec, index: int) -> ItemOutcome:
-    return ItemOutcome(job.job_id, index, f"item-{index}", error=f"item {index}: input too long")
+def err(job: JobSpec, index: int) -> ItemRecord:
+    return ItemRecord(job.job_id, index, f"item-{index}", error=f"item {index}: input too long")
 
 
-def write(store: ResultStore, job: JobSpec, outcomes: list[ItemOutcome]) -> int:
+def write(store: ResultStore, job: JobSpec, outcomes: list[ItemRecord]) -> int:
     return store.write_batch(batch(len(outcomes)), outcomes, [job])

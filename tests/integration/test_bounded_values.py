@@ -19,14 +19,14 @@ from tests.integration.runtime.test_storer import FakeOutbox, held, record
 from worker.bounds import MAX_COUNT
 from worker.client import Client
 from worker.errors import InvalidInput, JobNotFound
-from worker.runtime.deliveries import Holdings, Outcomes
+from worker.runtime.deliveries import Holdings, ResultsToStore
 from worker.runtime.forward import error_text
 from worker.runtime.store_thread import Storer
 from worker.settings import Settings
 from worker.store import tables
 from worker.store.api_keys import KeyStore
 from worker.store.results import ResultStore
-from worker.store.values import ItemOutcome, JobSpec
+from worker.store.values import ItemRecord, JobSpec
 
 UNSTORABLE_TEXTS = ["\x00", "a\x00b", "\ud800", "x\udfff", "\udc80\x00", "ok" * 50 + "\x00"]
 NOT_JOB_IDS = [
@@ -115,9 +115,9 @@ def test_what_the_database_refuses_of_an_output_is_one_stored_line(store: Result
     errors = [None, None, None, None, None, error_text(ValueError("text 'a\x00b\ud800' refused"))]
     job = JobSpec(str(uuid.uuid4()), "noop", "normal", len(outputs))
     delivery = held(job, len(outputs))
-    write = Outcomes(record(len(outputs)))
+    write = ResultsToStore(record(len(outputs)))
     for index, (output, error) in enumerate(zip(outputs, errors, strict=True)):
-        outcome = ItemOutcome(job.job_id, index, f"id-{index}", output=None if error else output, error=error)
+        outcome = ItemRecord(job.job_id, index, f"id-{index}", output=None if error else output, error=error)
         write.add(outcome, delivery)
     outbox = FakeOutbox()
     storer = Storer(store, outbox, Holdings())  # type: ignore[arg-type]
@@ -198,7 +198,7 @@ def test_results_at_the_bounds_stream_whole(api: tuple[TestClient, str, str]) ->
     store = ResultStore.from_url(db_url)
     spec = JobSpec(str(uuid.uuid4()), "noop", "normal", 3)
     store.create_job(spec, tenant="acme")
-    store.write_batch(None, [ItemOutcome(spec.job_id, i, None, output=i) for i in range(3)], [spec])
+    store.write_batch(None, [ItemRecord(spec.job_id, i, None, output=i) for i in range(3)], [spec])
     for query, lines in (
         (f"after={MAX_COUNT}", 0),
         ("after=-1", 3),

@@ -19,7 +19,7 @@ P = TypeVar("P")
 
 
 class Keyed(Protocol):
-    """What a step returns for each sequence that finished: a ``Finished``, or a ``Generation``."""
+    """What a step returns for each sequence that left: a ``FinishedSequence`` or a ``RetiredSequence``."""
 
     @property
     def key(self) -> Hashable: ...

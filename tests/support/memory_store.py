@@ -28,7 +28,7 @@ from worker.store.values import (
     BatchRecord,
     BatchWrite,
     ItemColumns,
-    ItemOutcome,
+    ItemRecord,
     JobSpec,
     JobState,
     JobStatus,
@@ -57,7 +57,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self.jobs: dict[str, JobRow] = {}
-        self.outcomes: dict[tuple[str, int], ItemOutcome] = {}
+        self.outcomes: dict[tuple[str, int], ItemRecord] = {}
         self.batches: list[BatchRecord] = []
         self.writes = 0  # transactions that stored something
         self._lock = threading.Lock()
@@ -85,7 +85,7 @@ class MemoryStore:
     def fail_job(self, job_id: str, error: str) -> None:
         self._finish(job_id, JobState.FAILED, error)
 
-    def results(self, job_id: str, after: int = -1, before: int | None = None) -> list[ItemOutcome]:
+    def results(self, job_id: str, after: int = -1, before: int | None = None) -> list[ItemRecord]:
         """The job's stored outcomes in index order (of index above ``after`` and below ``before``)."""
         with self._lock:
             found = (
@@ -126,7 +126,7 @@ class MemoryStore:
     # -- the worker's port (worker.runtime.ports.WorkerStore) ------------------------------------------
 
     def write_batch(
-        self, record: BatchRecord | None, outcomes: Sequence[ItemOutcome], jobs: Sequence[JobSpec]
+        self, record: BatchRecord | None, outcomes: Sequence[ItemRecord], jobs: Sequence[JobSpec]
     ) -> int:
         return self.write_batches([(record, outcomes, jobs)]).new_rows[0]
 
@@ -189,7 +189,7 @@ class MemoryStore:
     def end_missing(self, job: JobSpec, error: str) -> int:
         with self._lock:
             missing = [i for i in range(job.total) if (job.job_id, i) not in self.outcomes]
-        self.write_batch(None, [ItemOutcome(job.job_id, i, None, error=error) for i in missing], [job])
+        self.write_batch(None, [ItemRecord(job.job_id, i, None, error=error) for i in missing], [job])
         return len(missing)
 
     # -- inside ---------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ class MemoryStore:
         self.jobs[spec.job_id] = JobRow(spec, created_at=created)
         return True
 
-    def _insert(self, record: BatchRecord | None, outcomes: list[ItemOutcome], refused: set[str]) -> int:
+    def _insert(self, record: BatchRecord | None, outcomes: list[ItemRecord], refused: set[str]) -> int:
         if record is not None:
             self.batches.append(record)
         new = 0
@@ -222,7 +222,7 @@ class MemoryStore:
             new += 1
         return new
 
-    def _progress(self, job: JobRow, outcome: ItemOutcome) -> None:
+    def _progress(self, job: JobRow, outcome: ItemRecord) -> None:
         """The counters bumped and the state moved forward, never back out of a finished state (as
         worker/store/rows.py's PROGRESS statement does)."""
         job.running_tokens.pop(outcome.index, None)
@@ -264,11 +264,11 @@ class MemoryTunedLimits:
         self.out_of_memory.append((model, device_kind, size, worker))
 
 
-def _columns(outcomes: Sequence[ItemOutcome] | ItemColumns) -> ItemColumns:
+def _columns(outcomes: Sequence[ItemRecord] | ItemColumns) -> ItemColumns:
     return outcomes if isinstance(outcomes, ItemColumns) else ItemColumns.of(outcomes)
 
 
-def _check_json(outcome: ItemOutcome) -> None:
+def _check_json(outcome: ItemRecord) -> None:
     try:
         orjson.dumps(outcome.output, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError as exc:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from worker.models.base import Finished, InvalidInput, Model, Prepared, StepModel
+from worker.models.base import FinishedSequence, InvalidInput, Model, Prepared, StepModel
 
 
 class Echo(Model):
@@ -111,14 +111,14 @@ class Counter(StepModel):
     def progress(self) -> list[tuple[Any, int]]:
         return [(key, len(counted)) for key, (_, counted) in self._running.items()]
 
-    def step(self) -> list[Finished]:
+    def step(self) -> list[FinishedSequence]:
         time.sleep(STEP_S)
         done = []
         for key, (count, counted) in list(self._running.items()):
             counted.append(len(counted) + 1)
             if len(counted) == count:
                 del self._running[key]
-                done.append(Finished(key, {"counted": counted}, tokens=count))
+                done.append(FinishedSequence(key, {"counted": counted}, tokens=count))
         return done
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Hashable
 import pytest
 
 from tests.support.batched_runs import Request, run_continuous, run_static
-from worker.models.base import Finished
+from worker.models.base import FinishedSequence
 
 
 class StepClock:
@@ -43,10 +43,12 @@ class Countdown:
     def running(self) -> int:
         return len(self.left)
 
-    def step(self) -> list[Finished]:
+    def step(self) -> list[FinishedSequence]:
         self.clock.now += 1
         self.left = {key: steps - 1 for key, steps in self.left.items()}
-        done = [Finished(key, output=self.clock.now) for key, steps in self.left.items() if steps == 0]
+        done = [
+            FinishedSequence(key, output=self.clock.now) for key, steps in self.left.items() if steps == 0
+        ]
         self.left = {key: steps for key, steps in self.left.items() if steps}
         return done
 
@@ -72,7 +74,7 @@ def test_static_admits_nothing_until_the_batch_has_finished() -> None:
 
 
 @pytest.mark.parametrize("driver", [run_continuous, run_static])
-def test_nothing_is_admitted_before_it_arrives(driver: Callable[..., list[Finished]]) -> None:
+def test_nothing_is_admitted_before_it_arrives(driver: Callable[..., list[FinishedSequence]]) -> None:
     clock = StepClock()
     model = Countdown(clock)
     finished = driver(model, requests((2, 0), (1, 0.5), (1, 10)), clock=clock)

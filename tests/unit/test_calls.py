@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 
 from worker.calls import (
     MAX_ITEM_ID_CHARS,
-    InferCall,
+    NewJob,
     check_item,
     check_items,
     item_id,
     job_id_of,
-    new_call,
+    new_job,
     parse_message,
     plain_items,
     plain_texts,
@@ -104,7 +104,7 @@ def test_a_bad_message_is_refused_naming_the_argument(kwargs: object, fragment: 
 )
 def test_a_bad_call_is_refused_naming_the_argument(kwargs: dict[str, object], fragment: str) -> None:
     with pytest.raises(InvalidInput, match=fragment.replace("(", r"\(").replace(")", r"\)")):
-        new_call(JOB, kwargs, SETTINGS)
+        new_job(JOB, kwargs, SETTINGS)
 
 
 @pytest.mark.parametrize(
@@ -166,7 +166,7 @@ def test_a_length_bucketed_models_items_go_shortest_first_within_windows() -> No
     settings = Settings(submit_chunk_size=2)  # windows of 2 x ORDER_WINDOW_CHUNKS items
     window = 2 * ORDER_WINDOW_CHUNKS
     texts = [{"text": "x" * (50 - i % 40)} for i in range(3 * window)]
-    call = InferCall(JOB, "minilm", texts, total=len(texts))
+    call = NewJob(JOB, "minilm", texts, total=len(texts))
     order = length_order(call, settings)
     assert order is not None and sorted(order) == list(range(len(texts)))
     for start in range(0, len(texts), window):
@@ -174,8 +174,8 @@ def test_a_length_bucketed_models_items_go_shortest_first_within_windows() -> No
         assert sorted(part) == list(range(start, start + window))  # nothing crosses a window
         assert [len(texts[i]["text"]) for i in part] == sorted(len(texts[i]["text"]) for i in part)
     # A model without length buckets, or items already in order, keep the plain consecutive messages.
-    assert length_order(InferCall(JOB, "noop", texts, total=len(texts)), settings) is None
-    assert length_order(InferCall(JOB, "minilm", ["a", "bb", "ccc"], total=3), settings) is None
+    assert length_order(NewJob(JOB, "noop", texts, total=len(texts)), settings) is None
+    assert length_order(NewJob(JOB, "minilm", ["a", "bb", "ccc"], total=3), settings) is None
 
 
 def _one_by_one(items: list[object]) -> list[object] | None:

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from tests.support.memory_store import MemoryStore
-from worker.calls import InferCall
+from worker.calls import NewJob
 from worker.errors import BrokerUnavailable, JobNotFound
 from worker.jobs import Jobs
 from worker.settings import Settings
 from worker.store.catalog import JobPage, decode_cursor, encode_cursor
-from worker.store.values import FINISHED_STATES, UNFINISHED_STATES, ItemOutcome, JobSpec, JobState
+from worker.store.values import FINISHED_STATES, UNFINISHED_STATES, ItemRecord, JobSpec, JobState
 
 SETTINGS = Settings(broker_url="redis://127.0.0.1:1/0")  # never reached: the broker here is a fake
 
@@ -28,13 +28,13 @@ class MemoryBroker:
 
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
-        self.sent: list[tuple[InferCall, bool]] = []
+        self.sent: list[tuple[NewJob, bool]] = []
         self.records: dict[str, dict[str, str]] = {}
         self.rows_at_send: list[bool] = []  # was the job in SQL when its message went out
         self.on_read: Any = None  # called before a record is read (a worker moving the job meanwhile)
         self.failing = False
 
-    def send(self, call: InferCall, parts: Iterable[Any] | None, *, record_job: bool) -> None:
+    def send(self, call: NewJob, parts: Iterable[Any] | None, *, record_job: bool) -> None:
         if self.failing:
             raise BrokerUnavailable("cannot reach the broker")
         self.rows_at_send.append(self.store.status(call.job_id) is not None)
@@ -60,11 +60,11 @@ class MemoryBroker:
         found = [(j, r) for j, r in self.records.items() if before is None or when(r) <= before]
         return sorted(found, key=lambda jr: when(jr[1]), reverse=True)[:count]
 
-    def take_first_item(self, call: InferCall) -> None:
+    def take_first_item(self, call: NewJob) -> None:
         """What a worker does: store the job's first item (its SQL row made from the message), then drop
         the record."""
         spec = JobSpec(call.job_id, call.model, call.priority, call.total)
-        self.store.write_batch(None, [ItemOutcome(call.job_id, 0, None, output=[1.0])], [spec])
+        self.store.write_batch(None, [ItemRecord(call.job_id, 0, None, output=[1.0])], [spec])
         self.records.pop(call.job_id, None)
 
 
@@ -83,9 +83,9 @@ def jobs(store: MemoryStore, broker: MemoryBroker) -> Jobs:
     return Jobs(SETTINGS, store, broker)
 
 
-def a_call(total: int = 3, created_at: float | None = None) -> InferCall:
+def a_call(total: int = 3, created_at: float | None = None) -> NewJob:
     inputs = [f"t{i}" for i in range(total)]
-    return InferCall(str(uuid.uuid4()), "noop", inputs, "normal", 0, total, None, created_at)
+    return NewJob(str(uuid.uuid4()), "noop", inputs, "normal", 0, total, None, created_at)
 
 
 class MemoryCatalog:

@@ -47,8 +47,9 @@ class Pages(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Generation:
-    """A sequence that left: its generated token ids (an EOS included) and why it stopped, or its error."""
+class RetiredSequence:
+    """A sequence that left the scheduler: its generated token ids (an EOS included) and why it stopped, or
+    its error. Token ids only: the model decodes them into its FinishedSequence (models/base.py)."""
 
     key: Any
     token_ids: tuple[int, ...] = ()
@@ -116,16 +117,16 @@ class SequenceScheduler:
         seq = LiveSequence(key, prompt, self._admitted, generator=generator)
         (self._waiting if prompt.error is None else self._rejected).append(seq)
 
-    def schedule(self) -> tuple[list[LiveSequence], list[LiveSequence], list[Generation]]:
+    def schedule(self) -> tuple[list[LiveSequence], list[LiveSequence], list[RetiredSequence]]:
         """This step's work: the running sequences to decode (each with room for one more token), the
         waiting ones to prefill (pages given), and the rejected ones, which leave now."""
-        rejected = [Generation(seq.key, error=seq.prompt.error) for seq in self._rejected]
+        rejected = [RetiredSequence(seq.key, error=seq.prompt.error) for seq in self._rejected]
         self._rejected = []
         decoding = self._make_room()
         joining = self._join()
         return decoding, joining, rejected
 
-    def retire(self, eos_token_ids: frozenset[int], stopped: Collection[Any] = ()) -> list[Generation]:
+    def retire(self, eos_token_ids: frozenset[int], stopped: Collection[Any] = ()) -> list[RetiredSequence]:
         """After a step: the sequences that reached EOS or max_new_tokens, or whose keys the model names in
         ``stopped`` (a stop string), leave and free their pages."""
         done, staying = [], []
@@ -140,7 +141,7 @@ class SequenceScheduler:
                 staying.append(seq)
                 continue
             self.pages.release(seq.pages)
-            done.append(Generation(seq.key, tuple(seq.generated), reason, prompt=seq.prompt))
+            done.append(RetiredSequence(seq.key, tuple(seq.generated), reason, prompt=seq.prompt))
         self._running = staying
         return done
 

@@ -8,11 +8,10 @@ app. It never runs a model or touches SQL.
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from typing import Any
 
 from worker.broker.keys import Keys
-from worker.calls import TASK_NAME, InferCall
+from worker.calls import TASK_NAME, InferMessage, NewJob
 from worker.celery_app import app
 from worker.celery_compat.celery_seams import publish_plainly
 from worker.settings import Settings
@@ -22,27 +21,27 @@ from worker.settings import Settings
 IN_PROCESS_WORKER = threading.Event()
 
 
-def publish_in_process(call: InferCall, settings: Settings) -> None:
+def publish_in_process(call: NewJob, settings: Settings) -> None:
     """Publish to the in-memory broker, for the in-process worker of ``batchwork run``."""
     # The task by name from the app's registry (the worker running in this process imported it).
     infer = app.tasks[TASK_NAME]
     size = settings.submit_chunk_size
     with app.producer_or_acquire() as producer:
         for start in range(0, len(call.inputs), size):
-            # ``call`` may be one part of its job (``batchwork run`` publishes a file a window at a time).
-            chunk = replace(call.chunk(start, size), offset=call.offset + start)
-            task_id = call.job_id if chunk.offset == 0 else None
-            _send(infer, chunk, task_id, Keys.of(settings).queue(call.priority), producer)
+            # ``call`` may be a window of its job (``batchwork run`` publishes a file a window at a time).
+            message = call.message(start, size)
+            task_id = call.job_id if message.offset == 0 else None
+            _send(infer, message, task_id, Keys.of(settings).queue(call.priority), producer)
 
 
-def _send(task: Any, call: InferCall, task_id: str | None, queue: str, producer: Any) -> None:
+def _send(task: Any, message: InferMessage, task_id: str | None, queue: str, producer: Any) -> None:
     # Celery's own apply_async, not infer's (which checks and enqueues a whole call). A summary as the
     # message's kwargsrepr, as the Redis producer writes it: Celery's repr of every item costs more than
     # the send.
-    summary = f"{{'model': {call.model!r}, 'job_id': {call.job_id!r}}}"
+    summary = f"{{'model': {message.model!r}, 'job_id': {message.job_id!r}}}"
     publish_plainly(
         task,
-        call.kwargs(),
+        message.kwargs(),
         task_id=task_id,
         queue=queue,
         producer=producer,

@@ -22,7 +22,7 @@ import orjson
 import redis
 
 from worker.broker.keys import Keys
-from worker.calls import TASK_NAME, InferCall
+from worker.calls import TASK_NAME, NewJob
 from worker.celery_compat.celery_seams import task_message
 from worker.errors import BrokerUnavailable, InvalidInput
 
@@ -63,7 +63,7 @@ class Publisher:
 
     def enqueue(
         self,
-        call: InferCall,
+        call: NewJob,
         *,
         task_id: str | None = None,
         record_job: bool = False,
@@ -83,7 +83,7 @@ class Publisher:
 
     def send(
         self,
-        call: InferCall,
+        call: NewJob,
         encoded_parts: Iterable[Part],
         *,
         task_id: str | None = None,
@@ -113,7 +113,7 @@ class Publisher:
         return sent
 
     @staticmethod
-    def _kwargs(call: InferCall, offset: int, items: bytes, indices: list[int] | None = None) -> bytes:
+    def _kwargs(call: NewJob, offset: int, items: bytes, indices: list[int] | None = None) -> bytes:
         fields = call.fields()
         fields["offset"] = offset
         if indices is not None:
@@ -121,7 +121,7 @@ class Publisher:
         head = orjson.dumps(fields)
         return head[:-1] + b',"inputs":[' + items + b"]}"
 
-    def _message(self, task_id: str, queue: str, kwargs: bytes, call: InferCall) -> bytes:
+    def _message(self, task_id: str, queue: str, kwargs: bytes, call: NewJob) -> bytes:
         # What Flower shows for the task: a summary, never the inputs themselves.
         summary = f"{{'model': {call.model!r}, 'job_id': {call.job_id!r}}}"
         return task_message(TASK_NAME, task_id, queue, kwargs, kwargsrepr=summary, origin=self._origin)
@@ -190,7 +190,7 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _job_record(call: InferCall) -> dict[Any, Any]:
+def _job_record(call: NewJob) -> dict[Any, Any]:
     created = datetime.fromtimestamp(call.created_at or 0, UTC) if call.created_at else datetime.now(UTC)
     return {
         "model": call.model,

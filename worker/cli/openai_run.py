@@ -18,10 +18,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from worker.calls import InferCall
+from worker.calls import NewJob
 from worker.cli.base import console, make_client
 from worker.jsonl import BOM, InputFileError, check_output_path, output
-from worker.openai_compat.batchfile import BatchPlan, Outcomes, answer_lines, plan_batch
+from worker.openai_compat.batchfile import BatchPlan, StoredResults, answer_lines, plan_batch
 from worker.openai_compat.tokens import count_tokens, detokenize
 from worker.settings import Settings, get_settings
 
@@ -100,7 +100,7 @@ def _run(
     started = time.monotonic()
     jobs = {}
     for model, items in plan.items.items():
-        call = InferCall(str(uuid.uuid4()), model, items, priority, 0, len(items), None, time.time())
+        call = NewJob(str(uuid.uuid4()), model, items, priority, 0, len(items), None, time.time())
         jobs[model] = client.jobs.enqueue(call)
         console.print(Text(f"job {jobs[model]}: {len(items)} inputs on {model}"))
     try:
@@ -148,7 +148,7 @@ def _write(
     from worker.models.registry import model_class
 
     settings = client.settings
-    outcomes: dict[str, Outcomes] = {
+    outcomes: dict[str, StoredResults] = {
         model: ((r.index, r.output, r.error) for r in client.store.results(job_id))
         for model, job_id in jobs.items()
     }

@@ -53,8 +53,10 @@ AHEAD_BYTES = 32 << 20
 
 
 def check_file(client: Any, path: Path, model: str, priority: str, max_items: int) -> Any:
-    """The job's call (its fields, no inputs; ``total`` items) once every line of ``path`` passed the checks;
-    InputFileError naming the line of the first mistake."""
+    """The job's header (a NewJob: its fields, no inputs; ``total`` items) once every line of ``path``
+    passed the checks; InputFileError naming the line of the first mistake."""
+    from worker.calls import NewJob
+
     head = None
     total = 0
     for lines, items in _chunks(path):
@@ -70,7 +72,7 @@ def check_file(client: Any, path: Path, model: str, priority: str, max_items: in
             raise too_many(path, max_items)
     if head is None:
         raise InputFileError(f"{path}: no inputs")
-    return replace(head, inputs=(), total=total)
+    return NewJob.header(head.job_id, head.model, head.priority, total, head.expires_at, head.created_at)
 
 
 def _chunks(path: Path) -> Iterator[tuple[list[int], list[Any]]]:
@@ -347,7 +349,7 @@ class JobRun:
                     f"{self.path} changed while it ran: the job {self.call.job_id} is cancelled"
                 )
             if items:
-                self.client.jobs.publish(replace(self.call, inputs=items, offset=start))
+                self.client.jobs.publish(self.call.window(start, items))
                 sent = True
             if time.monotonic() > until:
                 break

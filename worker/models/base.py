@@ -145,8 +145,9 @@ def text_of(index: int, item: object, max_chars: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Finished:
-    """A sequence that left the running batch: its output, or the error that ended it."""
+class FinishedSequence:
+    """What a StepModel's ``step`` returns for a sequence that left its running batch: the item's output (what
+    is stored), or the error that ended it, under the key it was admitted with."""
 
     key: Any
     output: Any = None
@@ -171,10 +172,10 @@ class StepModel(Model):
         raise NotImplementedError
 
     def admit(self, key: Any, payload: Any) -> None:
-        """Add a prepared sequence; ``key`` comes back in its Finished."""
+        """Add a prepared sequence; ``key`` comes back in its FinishedSequence."""
         raise NotImplementedError
 
-    def step(self) -> list[Finished]:
+    def step(self) -> list[FinishedSequence]:
         raise NotImplementedError
 
     def running(self) -> int:

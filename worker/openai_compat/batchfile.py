@@ -203,8 +203,8 @@ class Answer:
     line: bytes
 
 
-# Stored outcomes of one model's items in index order: (index, output, error).
-Outcomes = Iterator[tuple[int, Any, str | None]]
+# One model's stored items in index order, as (index, output, error) tuples (ItemResult less the user id).
+StoredResults = Iterator[tuple[int, Any, str | None]]
 # Counts tokens of texts for a model, for ``usage``.
 Counter = Callable[[str, list[str]], list[int]]
 
@@ -220,7 +220,7 @@ def batch_key(batch_id: str) -> str:
 
 def answer_lines(
     plan: BatchPlan,
-    outcomes: dict[str, Outcomes],
+    outcomes: dict[str, StoredResults],
     batch_id: str,
     missing: str,
     count_tokens: Counter | None = None,
@@ -232,7 +232,7 @@ def answer_lines(
 
 def answer_range(
     lines: Iterable[BatchLine],
-    outcomes: dict[str, Outcomes],
+    outcomes: dict[str, StoredResults],
     batch_id: str,
     missing: str,
     count_tokens: Counter | None = None,
@@ -340,7 +340,7 @@ def _count_chunk(chunk: list[BatchLine], count_tokens: Counter | None) -> dict[i
 class _Cursor:
     """Walks one model's outcomes by item index; an index with no outcome is ``missing``."""
 
-    def __init__(self, outcomes: Outcomes, start: int = 0) -> None:
+    def __init__(self, outcomes: StoredResults, start: int = 0) -> None:
         self._outcomes = outcomes
         self._next = next(outcomes, None)
         self._index = start

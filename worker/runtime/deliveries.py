@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
-from worker.calls import InferCall
-from worker.store.values import BatchRecord, ItemColumns, ItemOutcome, JobSpec, TokenCount
+from worker.calls import InferMessage
+from worker.store.values import BatchRecord, ItemColumns, ItemRecord, JobSpec, TokenCount
 
 
 class Message(Protocol):
@@ -33,7 +33,7 @@ class Delivery:
 
     message: Message
     received_at: float
-    call: InferCall | None = None
+    call: InferMessage | None = None
     pending: int = 0
     started: bool = False
     failed: int = 0
@@ -104,16 +104,16 @@ class Pack:
 
 
 @dataclass
-class Outcomes:
-    """Items' outcomes as columns, with the batch that produced them, if any. ``runs`` says which delivery
-    owes which: (delivery, count) for consecutive outcomes, so a batch of one message's items is one run
-    and is settled as one, not item by item."""
+class ResultsToStore:
+    """Item records for the store thread to write (as ItemColumns), with the batch that produced them, if
+    any. ``runs`` says which delivery owes which: (delivery, count) for consecutive rows, so a batch of one
+    message's items is one run and is settled as one, not item by item."""
 
     record: BatchRecord | None = None
     columns: ItemColumns = field(default_factory=ItemColumns)
     runs: list[tuple[Delivery, int]] = field(default_factory=list)
 
-    def add(self, outcome: ItemOutcome, delivery: Delivery) -> None:
+    def add(self, outcome: ItemRecord, delivery: Delivery) -> None:
         self.columns.append(outcome)
         self._owe(delivery, 1)
 
@@ -125,7 +125,7 @@ class Outcomes:
         outputs: list[Any],
         errors: list[str | None],
     ) -> None:
-        """Outcomes of items of ``delivery`` (each with exactly one of output and error)."""
+        """Results of items of ``delivery`` (each with exactly one of output and error)."""
         assert delivery.call is not None
         self.columns.extend(delivery.call.job_id, indices, item_ids, outputs, errors)
         self._owe(delivery, len(indices))
@@ -140,8 +140,8 @@ class Outcomes:
         return len(self.columns)
 
     @property
-    def outcomes(self) -> list[ItemOutcome]:
-        """One ItemOutcome per item (for the rare paths that go item by item)."""
+    def outcomes(self) -> list[ItemRecord]:
+        """One ItemRecord per item (for the rare paths that go item by item)."""
         return self.columns.outcomes()
 
     @property
@@ -170,7 +170,7 @@ class TokenReport:
     counts: list[TokenCount]
 
 
-StoreWork = Outcomes | Refusal | TokenReport
+StoreWork = ResultsToStore | Refusal | TokenReport
 
 
 class Holdings:
@@ -191,7 +191,7 @@ class Holdings:
         with self._lock:
             self._deliveries.add(delivery)
 
-    def hold(self, job: InferCall | JobSpec, count: int) -> None:
+    def hold(self, job: InferMessage | JobSpec, count: int) -> None:
         """``count`` more (or, negative, fewer) items of ``job`` are waiting to be stored."""
         with self._lock:
             if count > 0:

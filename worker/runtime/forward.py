@@ -1,4 +1,4 @@
-"""Runs one batch through a model and returns one outcome per item, isolating bad items.
+"""Runs one batch through a model and reports an output or an error per item, isolating bad items.
 
 A batch that raises is split in halves and each half run again, down to single items, so one
 poison input fails alone with its error while the rest of its batch succeeds. Running out of
@@ -13,28 +13,18 @@ from typing import Any
 
 from worker.bounds import storable
 
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    output: Any = None
-    error: str | None = None
-
-
-NO_OUTPUT = Outcome(error="the model returned no output (None) for this item")
+NO_OUTPUT = "the model returned no output (None) for this item"
 
 
 @dataclass
 class Report:
-    """One outcome per payload, as two columns: ``outputs[i]`` or ``errors[i]`` is set, never both."""
+    """What a batch's run made of each payload, as two columns: ``outputs[i]`` or ``errors[i]`` is set,
+    never both."""
 
     outputs: list[Any] = field(default_factory=list)
     errors: list[str | None] = field(default_factory=list)
     out_of_memory_at: int | None = None  # size of the largest sub-batch that ran out of memory
     largest_ok: int = 0  # size of the largest sub-batch that ran
-
-    @property
-    def outcomes(self) -> list[Outcome]:
-        return [Outcome(output, error) for output, error in zip(self.outputs, self.errors, strict=True)]
 
     @property
     def failed(self) -> bool:
@@ -85,7 +75,7 @@ def _run(
         outputs = list(outputs)
         if any(output is None for output in outputs):
             report.outputs += outputs
-            report.errors += [None if output is not None else NO_OUTPUT.error for output in outputs]
+            report.errors += [None if output is not None else NO_OUTPUT for output in outputs]
         else:
             report.outputs += outputs
             report.errors += [None] * len(outputs)

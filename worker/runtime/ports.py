@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
-from worker.store.values import BatchRecord, BatchWrite, ItemOutcome, JobSpec, Stored, TokenCount
+from worker.store.values import BatchRecord, BatchWrite, ItemRecord, JobSpec, Stored, TokenCount
 
 if TYPE_CHECKING:
     from worker.store.tuned import TunedRow
@@ -29,7 +29,7 @@ class WorkerStore(Protocol):
         ...
 
     def write_batch(
-        self, record: BatchRecord | None, outcomes: Sequence[ItemOutcome], jobs: Sequence[JobSpec]
+        self, record: BatchRecord | None, outcomes: Sequence[ItemRecord], jobs: Sequence[JobSpec]
     ) -> int:
         """One batch as in ``write_batches``; how many result rows were new."""
         ...

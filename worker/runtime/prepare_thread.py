@@ -19,15 +19,15 @@ from typing import Any
 import orjson
 
 from worker.batching.scheduler import Item, Scheduler
-from worker.calls import InferCall, check_item, item_id, parse_message, plain_items
+from worker.calls import InferMessage, check_item, item_id, parse_message, plain_items
 from worker.errors import InvalidInput
 from worker.models.base import Model, StepModel
-from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Pack, Refusal, StoreWork
+from worker.runtime.deliveries import Delivery, Holdings, Pack, Refusal, ResultsToStore, StoreWork
 from worker.runtime.forward import error_text
 from worker.runtime.hooks import Admission, Hooks
 from worker.runtime.loaded_models import ISOLATED, LoadedModels
 from worker.settings import Settings
-from worker.store.values import ItemOutcome
+from worker.store.values import ItemRecord
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class Preparer:
             self.results.put(errors)
         self._prepare(delivery, model, Checked(valid, checked, ids), isolated, items)
 
-    def _parse(self, delivery: Delivery) -> InferCall | None:
+    def _parse(self, delivery: Delivery) -> InferMessage | None:
         try:
             args, kwargs, _embed = _decoded(delivery.message)
             if args:
@@ -145,7 +145,7 @@ class Preparer:
 
     def _check(
         self, model: Model, delivery: Delivery, positions: list[int]
-    ) -> tuple[list[int], list[Any], list[str | None], Outcomes]:
+    ) -> tuple[list[int], list[Any], list[str | None], ResultsToStore]:
         """The positions whose items pass the model's check, what the check made of them and their ids, and
         the errors of the rest."""
         call = delivery.call
@@ -155,8 +155,8 @@ class Preparer:
             type(model), call.inputs if every else [call.inputs[p] for p in positions], self.settings
         )
         if plain is not None:  # all plain texts: checked a message at a time, ids included
-            return positions, plain[0], plain[1] or [None] * len(positions), Outcomes()
-        valid, checked, ids, errors = [], [], [], Outcomes()
+            return positions, plain[0], plain[1] or [None] * len(positions), ResultsToStore()
+        valid, checked, ids, errors = [], [], [], ResultsToStore()
         cls, settings, offset, inputs, indices = (
             type(model),
             self.settings,
@@ -170,7 +170,7 @@ class Preparer:
                 ready, ident = check_item(cls, index, raw, settings)
             except InvalidInput as exc:
                 error = f"invalid input: {exc.detail}"
-                errors.add(ItemOutcome(call.job_id, index, _safe_id(index, raw), error=error), delivery)
+                errors.add(ItemRecord(call.job_id, index, _safe_id(index, raw), error=error), delivery)
             else:
                 valid.append(position)
                 checked.append(ready)
@@ -229,11 +229,11 @@ class Preparer:
         """Store ``error`` for these items of the delivery (they will not run)."""
         call = delivery.call
         assert call is not None
-        failed = Outcomes()
+        failed = ResultsToStore()
         for position in positions:
             index = call.index(position)
             failed.add(
-                ItemOutcome(call.job_id, index, _safe_id(index, call.inputs[position]), error=error), delivery
+                ItemRecord(call.job_id, index, _safe_id(index, call.inputs[position]), error=error), delivery
             )
         if len(failed):
             self.results.put(failed)

@@ -18,12 +18,12 @@ from itertools import groupby
 from operator import attrgetter
 
 from worker.batching.scheduler import Batch, Item, Scheduler
-from worker.runtime.deliveries import Outcomes, Pack, StoreWork, TokenReport
+from worker.runtime.deliveries import Pack, ResultsToStore, StoreWork, TokenReport
 from worker.runtime.forward import run_batch
 from worker.runtime.hooks import Hooks, Ran, Run
 from worker.runtime.loaded_models import LoadedModels, Stepping
 from worker.settings import Settings
-from worker.store.values import BatchRecord, ItemOutcome, TokenCount
+from worker.store.values import BatchRecord, ItemRecord, TokenCount
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,8 @@ class Runner:
 
     # -- batches ----------------------------------------------------------------------------
 
-    def _run(self, batch: Batch) -> Outcomes:
-        write = Outcomes()
+    def _run(self, batch: Batch) -> ResultsToStore:
+        write = ResultsToStore()
         every = _runs(batch.items)
         runs, dropped = self.hooks.before_batch(every)
         if dropped:
@@ -150,7 +150,7 @@ class Runner:
     def _step(self, stepping: Stepping) -> None:
         """Continuous batching: admit waiting items while there is room, then advance every sequence."""
         name, model = stepping
-        write, now = Outcomes(), self.clock()
+        write, now = ResultsToStore(), self.clock()
         while model.running() < model.max_running and name not in self._alone:
             with self.ready:
                 item = self.scheduler.admit_next(name, now, lambda item: self._fits(stepping, item))
@@ -163,7 +163,7 @@ class Runner:
             if self._alone.get(name) is key:
                 del self._alone[name]
             self.hooks.after_batch([(pack, (key,))], None)
-            outcome = ItemOutcome(
+            outcome = ItemRecord(
                 key.job_id,
                 key.index,
                 pack.item_id(key.index),
@@ -180,7 +180,7 @@ class Runner:
         alone = item.ref.alone(item.index)
         return (not alone or stepping.model.running() == 0) and stepping.model.can_admit(item.length)
 
-    def _admit(self, stepping: Stepping, item: Item, write: Outcomes) -> None:
+    def _admit(self, stepping: Stepping, item: Item, write: ResultsToStore) -> None:
         """Admit ``item`` to the step model, unless a hook drops it (its error goes to ``write``)."""
         pack: Pack = item.ref
         run: list[Run] = [(pack, (item,))]
@@ -221,14 +221,14 @@ def _runs(items: tuple[Item, ...]) -> list[Run]:
     return runs
 
 
-def _store_dropped(dropped: dict[Pack, str], runs: list[Run], write: Outcomes) -> None:
+def _store_dropped(dropped: dict[Pack, str], runs: list[Run], write: ResultsToStore) -> None:
     """The items of the messages hooks dropped (cancelled, expired) end with the hook's error, unrun."""
     for pack, mine in runs:
         error = dropped.get(pack)
         if error is not None:
             for item in mine:
                 write.add(
-                    ItemOutcome(item.job_id, item.index, pack.item_id(item.index), error=error), pack.delivery
+                    ItemRecord(item.job_id, item.index, pack.item_id(item.index), error=error), pack.delivery
                 )
 
 

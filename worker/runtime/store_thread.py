@@ -18,13 +18,13 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal, StoreWork, TokenReport
+from worker.runtime.deliveries import Delivery, Holdings, Refusal, ResultsToStore, StoreWork, TokenReport
 from worker.runtime.hooks import Hooks
 from worker.runtime.outbox import Outbox, Settled
 from worker.runtime.ports import WorkerStore
 from worker.runtime.refusals import Refusals
 from worker.store.db import is_transient, refused_text
-from worker.store.values import ItemOutcome, JobSpec
+from worker.store.values import ItemRecord, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class Storer:
         for refusal in (w for w in group if isinstance(w, Refusal)):
             self._retrying(partial(self.refusals.refuse, refusal))
             self.hooks.settled([refusal.delivery], refusal.error)
-        writes = [w for w in group if isinstance(w, Outcomes)]
+        writes = [w for w in group if isinstance(w, ResultsToStore)]
         if writes:
             self._retrying(partial(self._commit, writes))
 
@@ -158,7 +158,7 @@ class Storer:
                 self._stopping.wait(delay_s)
                 delay_s = min(delay_s * 2, MAX_BACKOFF_S)
 
-    def _commit(self, writes: list[Outcomes]) -> None:
+    def _commit(self, writes: list[ResultsToStore]) -> None:
         try:
             stored = self.store.write_batches([(w.record, w.columns, w.jobs) for w in writes])
         except Exception as exc:
@@ -177,12 +177,14 @@ class Storer:
         for write in writes:
             self._settle(write, sorted(stored.new_jobs & {spec.job_id for spec in write.jobs}))
 
-    def _isolate(self, write: Outcomes) -> None:
+    def _isolate(self, write: ResultsToStore) -> None:
         """Store what the database takes of ``write``, halving until the refused outcomes are found."""
         self._store_part(write, write.outcomes, with_record=True)
         self._settle(write, [])
 
-    def _store_part(self, write: Outcomes, outcomes: Sequence[ItemOutcome], *, with_record: bool) -> None:
+    def _store_part(
+        self, write: ResultsToStore, outcomes: Sequence[ItemRecord], *, with_record: bool
+    ) -> None:
         jobs = _jobs_of(write, outcomes)
         try:
             self.store.write_batch(write.record if with_record else None, outcomes, jobs)
@@ -199,11 +201,11 @@ class Storer:
         self._store_refused(outcomes[0], jobs, with_record, error)
 
     def _store_refused(
-        self, outcome: ItemOutcome, jobs: list[JobSpec], with_record: bool, error: Exception
+        self, outcome: ItemRecord, jobs: list[JobSpec], with_record: bool, error: Exception
     ) -> None:
         reason = f"could not store the output: {refused_text(error)}"
         # Last, the reason alone: the item's own error text may be what was refused (a NUL it repeats).
-        bare = ItemOutcome(outcome.job_id, outcome.index, None, error=reason)
+        bare = ItemRecord(outcome.job_id, outcome.index, None, error=reason)
         attempts = [outcome.as_error(reason), outcome.as_error(reason, keep_id=False), bare]
         if with_record:
             attempts.insert(0, outcome)  # the batch record may have been what was refused
@@ -229,14 +231,14 @@ class Storer:
         except Exception as exc:
             log.warning("could not record the token counts of %d running items: %s", len(counts), exc)
 
-    def _settle(self, write: Outcomes, new_jobs: list[str]) -> None:
+    def _settle(self, write: ResultsToStore, new_jobs: list[str]) -> None:
         """Count the stored outcomes off their deliveries, a run (one message's consecutive outcomes) at a
         time; acknowledge the deliveries that owe nothing more. One writer at a time: a message's items may
         be stored by both."""
         with self._settling:
             self._settle_alone(write, new_jobs)
 
-    def _settle_alone(self, write: Outcomes, new_jobs: list[str]) -> None:
+    def _settle_alone(self, write: ResultsToStore, new_jobs: list[str]) -> None:
         self.hooks.after_store(write)
         done: list[Delivery] = []
         released: Counter[JobSpec] = Counter()
@@ -257,7 +259,7 @@ class Storer:
             self.hooks.settled(done)
 
 
-def _jobs_of(write: Outcomes, outcomes: Sequence[ItemOutcome]) -> list[JobSpec]:
+def _jobs_of(write: ResultsToStore, outcomes: Sequence[ItemRecord]) -> list[JobSpec]:
     ids = {outcome.job_id for outcome in outcomes}
     return [spec for spec in write.jobs if spec.job_id in ids]
 

@@ -5,6 +5,6 @@ Import from here; the store must never import the runtime, the scheduler or a mo
 
 from worker.store.db import make_engine
 from worker.store.results import ResultStore
-from worker.store.values import BatchRecord, ItemOutcome, JobSpec, JobStatus
+from worker.store.values import BatchRecord, ItemRecord, JobSpec, JobStatus
 
-__all__ = ["BatchRecord", "ItemOutcome", "JobSpec", "JobStatus", "ResultStore", "make_engine"]
+__all__ = ["BatchRecord", "ItemRecord", "JobSpec", "JobStatus", "ResultStore", "make_engine"]

@@ -29,7 +29,7 @@ from worker.store.values import (
     BatchRecord,
     BatchWrite,
     ItemColumns,
-    ItemOutcome,
+    ItemRecord,
     JobSpec,
     JobState,
     JobStatus,
@@ -41,7 +41,7 @@ __all__ = [
     "FINISHED_STATES",
     "UNFINISHED_STATES",
     "BatchRecord",
-    "ItemOutcome",
+    "ItemRecord",
     "JobSpec",
     "JobStatus",
     "ResultStore",
@@ -172,7 +172,7 @@ class ResultStore:
     # -- results --------------------------------------------------------------------------
 
     def write_batch(
-        self, record: BatchRecord | None, outcomes: Sequence[ItemOutcome], jobs: Sequence[JobSpec]
+        self, record: BatchRecord | None, outcomes: Sequence[ItemRecord], jobs: Sequence[JobSpec]
     ) -> int:
         """Store one batch and its outcomes in one transaction; return how many result rows were new.
 
@@ -246,7 +246,7 @@ class ResultStore:
         with self.engine.begin() as conn:
             bulk.upsert_generated_tokens(conn, rows.token_rows(counts, final=False, now=_utcnow()))
 
-    def results(self, job_id: str, after: int = -1, before: int | None = None) -> Iterator[ItemOutcome]:
+    def results(self, job_id: str, after: int = -1, before: int | None = None) -> Iterator[ItemRecord]:
         """The job's stored outcomes of index above ``after`` (and below ``before``), ordered by index,
         fetched a page at a time.
 
@@ -269,7 +269,7 @@ class ResultStore:
             with client_errors(self.url), self.engine.connect() as conn:
                 page = conn.execute(page_query).all()
             for index, item_id, output, error in page:
-                yield ItemOutcome(job_id, index, item_id, output, error)
+                yield ItemRecord(job_id, index, item_id, output, error)
             if len(page) < RESULTS_PAGE_SIZE:
                 return
             page_query = query.where(column.item_index > page[-1].item_index)
@@ -338,7 +338,7 @@ class ResultStore:
         missing = self.missing_indices(job.job_id, job.total)
         for start in range(0, len(missing), RESULTS_PAGE_SIZE):
             page = missing[start : start + RESULTS_PAGE_SIZE]
-            outcomes = [ItemOutcome(job.job_id, index, None, error=error) for index in page]
+            outcomes = [ItemRecord(job.job_id, index, None, error=error) for index in page]
             self.write_batch(None, outcomes, [job])
         return len(missing)
 
@@ -440,7 +440,7 @@ _RESULT_LINES = text(
 )
 
 
-def _lines_of(outcomes: Iterator[ItemOutcome], limit: int | None) -> Iterator[bytes]:
+def _lines_of(outcomes: Iterator[ItemRecord], limit: int | None) -> Iterator[bytes]:
     from worker.jsonl import write_results
 
     outcomes = islice(outcomes, limit)

@@ -38,7 +38,7 @@ from worker.store.values import (
     FINISHED_STATES,
     BatchRecord,
     ItemColumns,
-    ItemOutcome,
+    ItemRecord,
     JobSpec,
     JobState,
     JobStatus,
@@ -168,7 +168,7 @@ def _ascending(keys: list[Any]) -> bool:
 
 
 def token_rows(
-    counts: Iterable[ItemOutcome | TokenCount], *, final: bool, now: datetime
+    counts: Iterable[ItemRecord | TokenCount], *, final: bool, now: datetime
 ) -> list[dict[str, Any]]:
     # Sorted for the lock order (see item_rows).
     rows = {

@@ -1,4 +1,4 @@
-"""The plain values the store takes and gives back: jobs, item outcomes, batch records, token counts.
+"""The plain values the store takes and gives back: jobs, item records, batch records, token counts.
 
 Frozen dataclasses, no SQL; the runtime, the client and the API pass these across layers.
 """
@@ -41,8 +41,10 @@ class JobSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class ItemOutcome:
-    """The result of one item: its output, or the error that stopped it (never both, never neither)."""
+class ItemRecord:
+    """One item's result as the store writes and reads it: its output, or the error that stopped it (never
+    both, never neither), with its job, index, user id and generated tokens. Readers outside the worker get
+    an ItemResult (worker/jobs.py)."""
 
     job_id: str
     index: int
@@ -58,19 +60,19 @@ class ItemOutcome:
                 f"(output is {'None' if self.output is None else 'set'}, error is {self.error!r})"
             )
 
-    def as_error(self, error: str, *, keep_id: bool = True) -> ItemOutcome:
+    def as_error(self, error: str, *, keep_id: bool = True) -> ItemRecord:
         """This item, ended with ``error`` instead (its output could not be stored); an error stays."""
         if self.error is not None and keep_id:
             return self
-        return ItemOutcome(
+        return ItemRecord(
             self.job_id, self.index, self.item_id if keep_id else None, error=self.error or error
         )
 
 
 @dataclass(slots=True)
 class ItemColumns:
-    """Outcomes of many items as columns, row i being item i: what a worker hands the store by the
-    thousand, without an object per item. Each row has exactly one of output and error, as ItemOutcome."""
+    """Many ItemRecords as columns, row i being item i: what a worker hands the store by the thousand,
+    without an object per item. Each row has exactly one of output and error, as an ItemRecord."""
 
     job_ids: list[str] = field(default_factory=list)
     indices: list[int] = field(default_factory=list)
@@ -82,7 +84,7 @@ class ItemColumns:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def append(self, outcome: ItemOutcome) -> None:
+    def append(self, outcome: ItemRecord) -> None:
         if outcome.tokens is not None and self.tokens is None:
             self.tokens = [None] * len(self.indices)
         self.job_ids.append(outcome.job_id)
@@ -111,16 +113,16 @@ class ItemColumns:
             self.tokens += [None] * len(indices)
 
     @staticmethod
-    def of(outcomes: Sequence[ItemOutcome]) -> ItemColumns:
+    def of(outcomes: Sequence[ItemRecord]) -> ItemColumns:
         columns = ItemColumns()
         for outcome in outcomes:
             columns.append(outcome)
         return columns
 
-    def outcomes(self) -> list[ItemOutcome]:
+    def outcomes(self) -> list[ItemRecord]:
         tokens = self.tokens or [None] * len(self.indices)
         return [
-            ItemOutcome(*row)
+            ItemRecord(*row)
             for row in zip(
                 self.job_ids, self.indices, self.item_ids, self.outputs, self.errors, tokens, strict=True
             )
@@ -144,7 +146,7 @@ class BatchRecord:
 
 # One batch to store: its record (None for outcomes that never reached a model), its outcomes, and a JobSpec
 # for every job among them (a job row still missing is created from it).
-BatchWrite = tuple["BatchRecord | None", "Sequence[ItemOutcome] | ItemColumns", Sequence["JobSpec"]]
+BatchWrite = tuple["BatchRecord | None", "Sequence[ItemRecord] | ItemColumns", Sequence["JobSpec"]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
-from worker.models.base import Finished, StepModel
+from worker.models.base import FinishedSequence, StepModel
 from worker.models.device import device_kind, resolve_device
 from worker.settings import Settings
 from worker.tuning.choice import choose, knees
@@ -69,7 +69,7 @@ class StepBench:
 
     def _step(self) -> float:
         started = time.perf_counter()
-        finished: list[Finished] = self.model.step()
+        finished: list[FinishedSequence] = self.model.step()
         synchronize(self.device)
         del finished
         return time.perf_counter() - started

@@ -19,7 +19,7 @@ from worker.openai_compat.batchfile import plan_batch
 from worker.settings import Settings
 from worker.store.files import BatchStore, FileRecord, FileStore, utcnow
 from worker.store.results import JobSpec, ResultStore
-from worker.store.values import ItemOutcome
+from worker.store.values import ItemRecord
 
 SETTINGS = Settings(models=["noop"])
 
@@ -36,9 +36,9 @@ def _lines(count: int) -> list[bytes]:
 
 def _store_outcomes(store: ResultStore, spec: JobSpec, indices: range, failing: set[int]) -> None:
     outcomes = [
-        ItemOutcome(spec.job_id, index, None, error="boom")
+        ItemRecord(spec.job_id, index, None, error="boom")
         if index in failing
-        else ItemOutcome(spec.job_id, index, None, output=0)
+        else ItemRecord(spec.job_id, index, None, output=0)
         for index in indices
     ]
     store.write_batch(None, outcomes, [spec])

@@ -19,7 +19,7 @@ from kombu.asynchronous import Hub
 from tests.integration.processes import ROOT
 from worker.broker.keys import Keys
 from worker.broker.producer import Publisher
-from worker.calls import InferCall
+from worker.calls import NewJob
 from worker.runtime.deliveries import Holdings
 from worker.runtime.outbox import FetchThrottle
 from worker.store.values import JobSpec
@@ -31,7 +31,7 @@ TRANSPORT = "worker.broker.transport:Transport"
 def publish(url: str, count: int, priority: str = "normal") -> str:
     """``count`` one-item messages of one job; its id."""
     job_id = str(uuid.uuid4())
-    call = InferCall(job_id, "noop", [f"item {i}" for i in range(count)], priority, total=count)
+    call = NewJob(job_id, "noop", [f"item {i}" for i in range(count)], priority, total=count)
     Publisher(url, KEYS, chunk_size=1).enqueue(call)
     return job_id
 

@@ -14,7 +14,7 @@ import redis
 from tests.integration.processes import batchwork, produce, service_env
 from worker.broker.keys import Keys
 from worker.store.results import ResultStore
-from worker.store.values import ItemOutcome, JobSpec
+from worker.store.values import ItemRecord, JobSpec
 
 
 @pytest.mark.parametrize("confirm", ["--yes", "-f", "-y"])
@@ -35,7 +35,7 @@ def test_purge_cancels_every_unfinished_job_and_empties_the_queues(
         )
         # Half of one job ran before the purge: its outputs stay.
         spec = JobSpec(submitted, "noop", "normal", 4)
-        store.write_batch(None, [ItemOutcome(submitted, i, None, output=0) for i in (0, 2)], [spec])
+        store.write_batch(None, [ItemRecord(submitted, i, None, output=0) for i in (0, 2)], [spec])
         out = tmp_path / "out.jsonl"
         out.write_text("kept\n")
 

@@ -20,9 +20,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 from tests.integration.tiny_causal_lm import ARCHITECTURES, CONTEXT, tiny_checkpoints  # noqa: F401
 from tests.integration.tiny_gpt2 import tiny_gpt2  # noqa: F401
 from tests.support.batched_runs import Request, run_continuous
-from worker.batching.sequences import Generation
+from worker.batching.sequences import RetiredSequence
 from worker.errors import InvalidInput
-from worker.models.base import Finished
+from worker.models.base import FinishedSequence
 from worker.models.causal_lm import CausalLM
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.registry import model_class
@@ -65,10 +65,10 @@ def payloads(model: CausalLM, items: Sequence[object]) -> list[Prompt]:
     return [prepared.payload for prepared in model.prepare(checked)]
 
 
-def generations(model: CausalLM, prompts: Sequence[Prompt]) -> list[Generation]:
+def generations(model: CausalLM, prompts: Sequence[Prompt]) -> list[RetiredSequence]:
     """Admit all at once, without asking can_admit (the scheduler joins them as their prompts fit, so the
-    ones running outgrow the cache), and advance until all leave: each prompt's Generation (its ids)."""
-    done = dict[Any, Generation]()
+    ones running outgrow the cache), and advance until all leave: each prompt's RetiredSequence (its ids)."""
+    done = dict[Any, RetiredSequence]()
     for key, prompt in enumerate(prompts):
         model.admit(key, prompt)
     while model.running():
@@ -76,7 +76,7 @@ def generations(model: CausalLM, prompts: Sequence[Prompt]) -> list[Generation]:
     return [done[index] for index in range(len(prompts))]
 
 
-def finished(model: CausalLM, items: Sequence[object]) -> list[Finished]:
+def finished(model: CausalLM, items: Sequence[object]) -> list[FinishedSequence]:
     prompts = payloads(model, items)
     return run_continuous(model, [Request(i, p, p.kv_tokens) for i, p in enumerate(prompts)])
 

@@ -20,9 +20,9 @@ from transformers import AutoTokenizer, GPT2LMHeadModel
 from tests.integration.tiny_causal_lm import tiny_checkpoints  # noqa: F401
 from tests.integration.tiny_gpt2 import tiny_gpt2, tiny_gpt2_eos, with_pytorch_bin  # noqa: F401
 from tests.support.batched_runs import Request, run_continuous, run_static
-from worker.batching.sequences import Generation
+from worker.batching.sequences import RetiredSequence
 from worker.errors import InvalidInput
-from worker.models.base import Finished
+from worker.models.base import FinishedSequence
 from worker.models.causal_lm import CausalLM
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.device import resolve_device
@@ -97,13 +97,13 @@ def reference_ids(checkpoint: Path, items: Sequence[dict]) -> list[list[int]]:
 
 def staggered(
     model: GPT2, prompts: list[Prompt], join_steps: list[int]
-) -> tuple[dict[int, Generation], list]:
+) -> tuple[dict[int, RetiredSequence], list]:
     """Offer prompt i from step join_steps[i] on (admitted once can_admit allows); step until all finish.
 
     Returns the generations by index and, per step, (indices admitted before it, running count after it).
     """
     offered = sorted(range(len(prompts)), key=lambda i: join_steps[i])
-    done: dict[int, Generation] = {}
+    done: dict[int, RetiredSequence] = {}
     trace = []
     step = 0
     while offered or model.running():
@@ -144,7 +144,7 @@ def served(name: str, settings: Settings) -> CausalLM:
     return model
 
 
-def outputs(model: CausalLM, items: Sequence[dict]) -> list[Finished]:
+def outputs(model: CausalLM, items: Sequence[dict]) -> list[FinishedSequence]:
     return run_continuous(model, in_order(payloads(model, items)))
 
 

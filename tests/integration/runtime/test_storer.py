@@ -12,14 +12,14 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.integration.tcp_proxy import TcpProxy
-from worker.calls import InferCall
-from worker.runtime.deliveries import Delivery, Holdings, Outcomes, Refusal
+from worker.calls import InferMessage
+from worker.runtime.deliveries import Delivery, Holdings, Refusal, ResultsToStore
 from worker.runtime.hooks import Hooks
 from worker.runtime.hooks.task_events import TaskEvents
 from worker.runtime.outbox import Settled
 from worker.runtime.store_thread import Storer
 from worker.store.results import ResultStore
-from worker.store.values import BatchRecord, ItemOutcome, JobSpec
+from worker.store.values import BatchRecord, ItemRecord, JobSpec
 
 
 class FakeOutbox:
@@ -47,7 +47,7 @@ class FakeMessage:
 
 def held(job: JobSpec, count: int) -> Delivery:
     delivery = Delivery(FakeMessage(str(uuid.uuid4())), 0.0)
-    delivery.call = InferCall(job.job_id, job.model, ["x"] * count, job.priority, total=job.total)
+    delivery.call = InferMessage(job.job_id, job.model, ["x"] * count, job.priority, total=job.total)
     delivery.pending = count
     return delivery
 
@@ -73,11 +73,11 @@ def test_an_outcome_the_database_refuses_fails_alone_and_every_message_is_acked(
 ) -> None:
     job = JobSpec(str(uuid.uuid4()), "noop", "normal", 8)
     delivery = held(job, 8)
-    write = Outcomes(record(8))
+    write = ResultsToStore(record(8))
     for index in range(8):
         # results.item_id holds 200 characters: item 5's id is refused by PostgreSQL itself.
         ident = "L" * 300 if index == 5 else f"id-{index}"
-        write.add(ItemOutcome(job.job_id, index, ident, output=index), delivery)
+        write.add(ItemRecord(job.job_id, index, ident, output=index), delivery)
     outbox = FakeOutbox()
     run(Storer(pg_store, outbox, Holdings()), write)  # type: ignore[arg-type]
     status = pg_store.status(job.job_id)
@@ -94,9 +94,9 @@ def test_two_writers_store_every_item_once_and_ack_every_message_once(pg_store: 
     deliveries = [held(job, 50) for _ in range(40)]
     writes = []
     for start in range(0, 2000, 30):  # 30 items a write: runs that straddle the 50-item messages
-        write = Outcomes(record(30))
+        write = ResultsToStore(record(30))
         for index in range(start, min(start + 30, 2000)):
-            write.add(ItemOutcome(job.job_id, index, None, output=index), deliveries[index // 50])
+            write.add(ItemRecord(job.job_id, index, None, output=index), deliveries[index // 50])
         writes.append(write)
     outbox = FakeOutbox()
     storer = Storer(pg_store, outbox, Holdings(), Hooks([TaskEvents(outbox)]))  # type: ignore[arg-type]
@@ -115,9 +115,9 @@ def test_a_job_id_the_database_cannot_keep_is_let_go_without_wedging(pg_store: R
     bad = JobSpec("J" * 300, "noop", "normal", 1)
     good = JobSpec(str(uuid.uuid4()), "noop", "normal", 1)
     bad_delivery, good_delivery = held(bad, 1), held(good, 1)
-    write = Outcomes(record(2))
-    write.add(ItemOutcome(bad.job_id, 0, None, output=1), bad_delivery)
-    write.add(ItemOutcome(good.job_id, 0, None, output=2), good_delivery)
+    write = ResultsToStore(record(2))
+    write.add(ItemRecord(bad.job_id, 0, None, output=1), bad_delivery)
+    write.add(ItemRecord(good.job_id, 0, None, output=2), good_delivery)
     outbox = FakeOutbox()
     run(Storer(pg_store, outbox, Holdings()), write)  # type: ignore[arg-type]
     status = pg_store.status(good.job_id)
@@ -130,8 +130,8 @@ def test_a_message_that_disagrees_with_its_job_writes_nothing_into_it(pg_store: 
     pg_store.create_job(job)
     liar = JobSpec(job.job_id, "noop", "normal", 50)  # a raw message claiming 50 items for this job
     delivery = held(liar, 1)
-    write = Outcomes(record(1))
-    write.add(ItemOutcome(job.job_id, 40, None, output="injected"), delivery)
+    write = ResultsToStore(record(1))
+    write.add(ItemRecord(job.job_id, 40, None, output="injected"), delivery)
     outbox = FakeOutbox()
     run(Storer(pg_store, outbox, Holdings()), write)  # type: ignore[arg-type]
     status = pg_store.status(job.job_id)
@@ -174,9 +174,9 @@ def test_an_outage_is_waited_out_and_then_everything_is_stored(pg_url: str, pg_s
     store = ResultStore.from_url(url.set(port=proxy.port).render_as_string(hide_password=False))
     job = JobSpec(str(uuid.uuid4()), "noop", "normal", 4)
     delivery = held(job, 4)
-    write = Outcomes(record(4))
+    write = ResultsToStore(record(4))
     for index in range(4):
-        write.add(ItemOutcome(job.job_id, index, None, output=index), delivery)
+        write.add(ItemRecord(job.job_id, index, None, output=index), delivery)
     storer = Storer(store, FakeOutbox(), Holdings())  # type: ignore[arg-type]
     try:
         proxy.cut()
@@ -204,8 +204,8 @@ def test_a_stopping_storer_gives_up_on_a_dead_database(pg_url: str) -> None:
     proxy = TcpProxy(url.host or "127.0.0.1", url.port or 5432)
     store = ResultStore.from_url(url.set(port=proxy.port).render_as_string(hide_password=False))
     job = JobSpec(str(uuid.uuid4()), "noop", "normal", 1)
-    write = Outcomes(record(1))
-    write.add(ItemOutcome(job.job_id, 0, None, output=0), held(job, 1))
+    write = ResultsToStore(record(1))
+    write.add(ItemRecord(job.job_id, 0, None, output=0), held(job, 1))
     outbox = FakeOutbox()
     storer = Storer(store, outbox, Holdings())  # type: ignore[arg-type]
     try:

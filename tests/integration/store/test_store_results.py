@@ -16,7 +16,7 @@ import pytest
 from tests.integration.stored import batch, err, new_job, ok, write
 from worker.jsonl import write_results
 from worker.store import results as results_module
-from worker.store.results import ItemOutcome, JobSpec, ResultStore, TokenCount
+from worker.store.results import ItemRecord, JobSpec, ResultStore, TokenCount
 
 
 def test_results_come_back_ordered_with_outputs_intact(store: ResultStore) -> None:
@@ -24,14 +24,14 @@ def test_results_come_back_ordered_with_outputs_intact(store: ResultStore) -> No
     store.create_job(job)
     embedding = np.random.default_rng(7).standard_normal(384).astype(np.float32)
     outcomes = [
-        ItemOutcome(job.job_id, 0, "a", output=embedding),
-        ItemOutcome(
+        ItemRecord(job.job_id, 0, "a", output=embedding),
+        ItemRecord(
             job.job_id, 1, None, output={"text": "héllo ✓", "tokens": [1, 2, 3], "nested": {"x": None}}
         ),
-        ItemOutcome(job.job_id, 2, "c", error="field 'text' must be a string"),
-        ItemOutcome(job.job_id, 3, "d", output=np.float32(0.1)),
-        ItemOutcome(job.job_id, 4, "e", output="plain string"),
-        ItemOutcome(job.job_id, 5, "f", output=[]),
+        ItemRecord(job.job_id, 2, "c", error="field 'text' must be a string"),
+        ItemRecord(job.job_id, 3, "d", output=np.float32(0.1)),
+        ItemRecord(job.job_id, 4, "e", output="plain string"),
+        ItemRecord(job.job_id, 5, "f", output=[]),
     ]
     shuffled = random.Random(3).sample(outcomes, len(outcomes))
     write(store, job, shuffled[:3])
@@ -105,9 +105,9 @@ def test_write_batch_refuses_outcomes_without_a_job_spec(store: ResultStore) -> 
 
 def test_outcome_needs_exactly_one_of_output_and_error() -> None:
     with pytest.raises(ValueError, match="exactly one"):
-        ItemOutcome("job", 0, None)
+        ItemRecord("job", 0, None)
     with pytest.raises(ValueError, match="exactly one"):
-        ItemOutcome("job", 0, None, output=[1.0], error="boom")
+        ItemRecord("job", 0, None, output=[1.0], error="boom")
 
 
 def test_batches_are_recorded_newest_first(store: ResultStore) -> None:
@@ -183,9 +183,9 @@ def test_concurrent_redelivery_counts_each_item_once(store: ResultStore) -> None
     assert len(list(store.results(job.job_id))) == 200
 
 
-def generated(job: JobSpec, index: int, tokens: int) -> ItemOutcome:
+def generated(job: JobSpec, index: int, tokens: int) -> ItemRecord:
     output = {"text": "x" * tokens, "tokens": tokens, "finish_reason": "length"}
-    return ItemOutcome(job.job_id, index, None, output=output, tokens=tokens)
+    return ItemRecord(job.job_id, index, None, output=output, tokens=tokens)
 
 
 def test_a_job_that_generates_nothing_has_no_token_count(store: ResultStore) -> None:
@@ -238,13 +238,13 @@ def test_result_lines_are_the_lines_write_results_writes(
     monkeypatch.setattr(results_module, "RESULT_LINES_PAGE_SIZE", 4)
     job = new_job(total=12)
     outcomes = [
-        ItemOutcome(job.job_id, 0, 'q"uo\\te', output={"text": "héllo ✓ \u2028", "n": [1.5, -2, None]}),
-        ItemOutcome(job.job_id, 1, None, output="tab\there\nnewline \x01 \x1f"),
-        ItemOutcome(job.job_id, 2, "7", error='bad "input" \\ \n at line 3 ✗'),
-        ItemOutcome(job.job_id, 3, "e", output=np.float32(0.1)),
-        ItemOutcome(job.job_id, 4, "</script>", output=[]),
-        ItemOutcome(job.job_id, 5, "f", output=0),
-        *(ItemOutcome(job.job_id, i, f"id-{i}", output={"i": i}) for i in range(6, 12)),
+        ItemRecord(job.job_id, 0, 'q"uo\\te', output={"text": "héllo ✓ \u2028", "n": [1.5, -2, None]}),
+        ItemRecord(job.job_id, 1, None, output="tab\there\nnewline \x01 \x1f"),
+        ItemRecord(job.job_id, 2, "7", error='bad "input" \\ \n at line 3 ✗'),
+        ItemRecord(job.job_id, 3, "e", output=np.float32(0.1)),
+        ItemRecord(job.job_id, 4, "</script>", output=[]),
+        ItemRecord(job.job_id, 5, "f", output=0),
+        *(ItemRecord(job.job_id, i, f"id-{i}", output={"i": i}) for i in range(6, 12)),
     ]
     write(store, job, outcomes)
 
@@ -263,5 +263,5 @@ def test_generated_text_with_nul_and_every_escape_is_stored_intact(store: Result
     store.create_job(job)
     text = 'a\x00b\x01\\u0000\t"\U0001f600\x7f'
     outputs = [{"text": text, "tokens": 9, "finish_reason": "length"}, "\x00"]
-    write(store, job, [ItemOutcome(job.job_id, i, None, output=output) for i, output in enumerate(outputs)])
+    write(store, job, [ItemRecord(job.job_id, i, None, output=output) for i, output in enumerate(outputs)])
     assert [outcome.output for outcome in store.results(job.job_id)] == outputs

@@ -10,17 +10,17 @@ from pathlib import Path
 
 from worker.cli.running import InOrder
 from worker.jsonl import ResultFile, input_lines
-from worker.store.values import ItemOutcome
+from worker.store.values import ItemRecord
 
 
 class Rows:
     """A job's stored rows as the store reads them (index order, ``after``/``before``), counting reads."""
 
     def __init__(self) -> None:
-        self.stored: dict[int, ItemOutcome] = {}
+        self.stored: dict[int, ItemRecord] = {}
         self.read = 0
 
-    def results(self, job_id: str, after: int = -1, before: int | None = None) -> Iterator[ItemOutcome]:
+    def results(self, job_id: str, after: int = -1, before: int | None = None) -> Iterator[ItemRecord]:
         for index in sorted(self.stored):
             if index > after and (before is None or index < before):
                 self.read += 1
@@ -35,7 +35,7 @@ def test_results_are_handed_on_in_order_once_however_they_arrive() -> None:
     written: list[int] = []
     for start in range(0, total, 250):
         for index in order[start : start + 250]:
-            rows.stored[index] = ItemOutcome("job", index, f"d{index}", output=index)
+            rows.stored[index] = ItemRecord("job", index, f"d{index}", output=index)
         written += [json.loads(line)["index"] for line in ordered.poll(until=float("inf"))]
     assert written == list(range(total))
     assert rows.read <= 3 * total  # each row is read once by a scan, at most once more by a gap fill

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.fresh import fresh_python
-from worker.batching.sequences import Generation, SequenceScheduler
+from worker.batching.sequences import RetiredSequence, SequenceScheduler
 from worker.models.base import InvalidInput
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.gpt2 import GPT2
@@ -125,7 +125,7 @@ class FakePages:
         self.free.extend(pages)
 
 
-def step(scheduler: SequenceScheduler) -> list[Generation]:
+def step(scheduler: SequenceScheduler) -> list[RetiredSequence]:
     decoding, joining, rejected = scheduler.schedule()
     for seq in decoding:
         assert seq.cached < len(seq.pages) * FakePages.page_tokens, "no room for the token it feeds"
@@ -158,7 +158,7 @@ def test_the_newest_is_preempted_and_resumes_before_any_newcomer() -> None:
     scheduler = SequenceScheduler(pages, max_running=8)
     scheduler.admit("old", prompt(15, 40))
     scheduler.admit("new", prompt(15, 40))
-    done: dict[str, Generation] = {}
+    done: dict[str, RetiredSequence] = {}
     while scheduler.preemptions == 0:
         done.update((g.key, g) for g in step(scheduler))
     assert not scheduler.can_admit(2)  # a preempted sequence waits: it goes first
@@ -173,8 +173,8 @@ def test_a_rejected_payload_leaves_at_the_next_step_with_its_error() -> None:
     scheduler.admit("bad", Prompt((), 0, error="too long"))
     scheduler.admit("good", prompt(3, 2))
     assert not scheduler.can_admit(1)  # both slots taken
-    assert step(scheduler) == [Generation("bad", error="too long")]
-    assert step(scheduler) == [Generation("good", (1, 1), "length")]
+    assert step(scheduler) == [RetiredSequence("bad", error="too long")]
+    assert step(scheduler) == [RetiredSequence("good", (1, 1), "length")]
     assert scheduler.running() == 0
 
 
@@ -191,7 +191,7 @@ def test_every_sequence_finishes_with_all_its_tokens(
     scheduler = SequenceScheduler(pool, max_running)
     fitting = [(p, n) for p, n in sizes if -(-(p + n) // 16) <= pages]  # what prepare lets through
     queued = list(enumerate(prompt(p, n) for p, n in fitting))
-    done: dict[int, Generation] = {}
+    done: dict[int, RetiredSequence] = {}
     for _ in range(10_000):
         while queued and scheduler.can_admit(queued[0][1].kv_tokens):
             scheduler.admit(*queued.pop(0))

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from worker.calls import InferCall
+from worker.calls import InferMessage
 from worker.runtime.deliveries import Delivery, Holdings
 from worker.runtime.outbox import IDLE_TICK_S, TICK_S, FetchThrottle, LeaseRenewal, Outbox, Settled
 
@@ -94,8 +94,8 @@ def delivery(tag: str, lost: int = 0) -> Delivery:
     return Delivery(FakeMessage(tag, {"id": f"task-{tag}"}, {"batchwork_lost": lost}), 0.0)
 
 
-def call(priority: str, items: int, job: str = "j") -> InferCall:
-    return InferCall(job, "noop", ["x"] * items, priority, total=items)
+def call(priority: str, items: int, job: str = "j") -> InferMessage:
+    return InferMessage(job, "noop", ["x"] * items, priority, total=items)
 
 
 def test_the_outbox_acks_everything_settled_since_the_last_tick_in_one_call() -> None:

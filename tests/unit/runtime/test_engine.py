@@ -17,12 +17,12 @@ import orjson
 import pytest
 
 from tests.support.memory_store import MemoryStore, MemoryTunedLimits
-from worker.calls import InferCall
+from worker.calls import InferMessage
 from worker.models.base import Model
 from worker.runtime.engine import Engine
 from worker.runtime.outbox import Outbox
 from worker.settings import BatchingSettings, Settings
-from worker.store.values import ItemOutcome, JobSpec
+from worker.store.values import ItemRecord, JobSpec
 
 ECHO = "tests.support.models:Echo"
 POISON = "tests.support.models:Poison"
@@ -80,7 +80,7 @@ class FakeMessage:
 
 
 def message(model: str, inputs: list[Any], job_id: str | None = None, **fields: Any) -> FakeMessage:
-    call = InferCall(job_id or str(uuid.uuid4()), model, inputs, total=len(inputs), **fields)
+    call = InferMessage(job_id or str(uuid.uuid4()), model, inputs, total=len(inputs), **fields)
     return FakeMessage(call.kwargs(), task_id=call.job_id)
 
 
@@ -110,7 +110,7 @@ class Running:
         for each in sent:
             self.engine.accept(each)
 
-    def stored(self, job_id: str, count: int, *, advance_s: float = 1.0) -> list[ItemOutcome]:
+    def stored(self, job_id: str, count: int, *, advance_s: float = 1.0) -> list[ItemRecord]:
         """The job's outcomes once ``count`` are stored, the clock moved past every lane's wait as it goes
         (items that arrive later wait from their own arrival)."""
 
@@ -148,7 +148,7 @@ def test_an_item_goes_in_and_one_result_comes_out(start: Callable[..., Running])
     sent = message("noop", ["hello"])
     running.send(sent)
     job_id = job_of(sent)
-    assert running.stored(job_id, 1) == [ItemOutcome(job_id, 0, None, output=0)]
+    assert running.stored(job_id, 1) == [ItemRecord(job_id, 0, None, output=0)]
     wait_until(lambda: sent.acks == 1)
     job = running.store.jobs[job_id]
     assert (job.state, job.done, job.failed) == ("succeeded", 1, 0)

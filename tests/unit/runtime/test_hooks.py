@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from worker.batching.scheduler import Item
-from worker.calls import InferCall
+from worker.calls import InferMessage
 from worker.runtime.deliveries import Delivery, Holdings, Pack
 from worker.runtime.hooks import Hook, Hooks, Run, Scope
 from worker.runtime.hooks.cancellation import Cancellation
@@ -27,7 +27,7 @@ class FakeMessage:
 
 def run_of(job_id: str, size: int = 2, expires_at: float | None = None) -> Run:
     delivery = Delivery(FakeMessage(), 0.0)
-    delivery.call = InferCall(job_id, "noop", ["x"] * size, "normal", expires_at=expires_at)
+    delivery.call = InferMessage(job_id, "noop", ["x"] * size, "normal", expires_at=expires_at)
     pack = Pack(delivery, 0, ["x"] * size, None)
     return pack, tuple(Item(job_id, index, 1, 0.0, pack) for index in range(size))
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from pydantic import Field
 
-from worker.batching.sequences import Generation, LiveSequence, SequenceScheduler, pages_for
-from worker.models.base import Finished, ModelOptions, Prepared, StepModel
+from worker.batching.sequences import LiveSequence, RetiredSequence, SequenceScheduler, pages_for
+from worker.models.base import FinishedSequence, ModelOptions, Prepared, StepModel
 from worker.models.causal_lm.inputs import Prompt, Request, check_request, read_checkpoint
 
 if TYPE_CHECKING:
@@ -235,10 +235,10 @@ class CausalLM(StepModel):
     def progress(self) -> list[tuple[Any, int]]:
         return [] if self._scheduler is None else self._scheduler.progress()
 
-    def step(self) -> list[Finished]:
+    def step(self) -> list[FinishedSequence]:
         return [self._finished(generation) for generation in self.advance()]
 
-    def advance(self) -> list[Generation]:
+    def advance(self) -> list[RetiredSequence]:
         """One step: every running sequence gains a token, waiting ones that fit are prefilled and gain
         their first; those that reached EOS, a stop string or max_new_tokens leave, with their token ids."""
         scheduler = _loaded(self._scheduler, "step")
@@ -283,9 +283,10 @@ class CausalLM(StepModel):
         # special tokens skipped.
         return str(_loaded(self._decoder, "step").decode(list(ids), skip_special_tokens=True))
 
-    def _finished(self, generation: Generation) -> Finished:
+    def _finished(self, generation: RetiredSequence) -> FinishedSequence:
+        """A retired sequence's ids decoded into the output that is stored."""
         if generation.error is not None:
-            return Finished(generation.key, error=generation.error)
+            return FinishedSequence(generation.key, error=generation.error)
         ids, prompt = generation.token_ids, cast(Prompt, generation.prompt)
         text = self._text(ids)
         if generation.finish_reason == "stop":
@@ -296,7 +297,7 @@ class CausalLM(StepModel):
             "finish_reason": generation.finish_reason,
             "prompt_tokens": len(prompt.token_ids),
         }
-        return Finished(generation.key, output, tokens=len(ids))
+        return FinishedSequence(generation.key, output, tokens=len(ids))
 
 
 def _stop_at(text: str, stop: Sequence[str]) -> int | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from worker.batching.scheduler import Item
-from worker.runtime.deliveries import Delivery, Outcomes, Pack
+from worker.runtime.deliveries import Delivery, Pack, ResultsToStore
 from worker.runtime.forward import Report
 from worker.store.values import BatchRecord
 
@@ -42,8 +42,8 @@ class Ran:
 
 # Which messages a hook has anything to do with; the engine calls it with no other. "every" message;
 # "redelivered": those a worker died holding (``Delivery.lost``), the journal's suspects; "deadline": those
-# whose job has a deadline (``InferCall.expires_at``). Strings, not an Enum: the check runs per message, and
-# an Enum member's lookup costs more on Python 3.11 than the hook call it saves.
+# whose job has a deadline (``InferMessage.expires_at``). Strings, not an Enum: the check runs per message,
+# and an Enum member's lookup costs more on Python 3.11 than the hook call it saves.
 Scope = Literal["every", "redelivered", "deadline"]
 
 
@@ -68,7 +68,7 @@ class Hook:
     def after_batch(self, runs: Sequence[Run], ran: Ran | None) -> None:
         """Run thread: these items ran (``ran`` is None for a sequence of a step model that finished)."""
 
-    def after_store(self, write: Outcomes) -> None:
+    def after_store(self, write: ResultsToStore) -> None:
         """Store thread: ``write``'s outcomes are committed (or stored as errors, or let go), not yet
         acknowledged."""
 
@@ -123,7 +123,7 @@ class Hooks:
             if mine:
                 hook.after_batch(mine, ran)
 
-    def after_store(self, write: Outcomes) -> None:
+    def after_store(self, write: ResultsToStore) -> None:
         for hook in self._after_store:
             if _write_for(hook, write):
                 hook.after_store(write)
@@ -162,7 +162,7 @@ def _runs_for(hook: Hook, runs: Sequence[Run]) -> Sequence[Run]:
     return runs
 
 
-def _write_for(hook: Hook, write: Outcomes) -> bool:
+def _write_for(hook: Hook, write: ResultsToStore) -> bool:
     if hook.idle:
         return False
     if hook.scope == "redelivered":

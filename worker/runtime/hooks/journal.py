@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import redis
 
 from worker.broker.keys import Keys
-from worker.runtime.deliveries import Delivery, Outcomes, Pack
+from worker.runtime.deliveries import Delivery, Pack, ResultsToStore
 from worker.runtime.hooks import Admission, Hook, Ran, Run, Scope
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class PoisonItems(Hook):
         except Exception as exc:  # run anyway: a missed count only delays the cap by one delivery
             log.warning("could not journal %d suspect items: %s", len(items), exc)
 
-    def after_store(self, write: Outcomes) -> None:
+    def after_store(self, write: ResultsToStore) -> None:
         """Store thread: the stored suspects' counts go (before their messages are acknowledged)."""
         suspects: list[tuple[str, int]] = []
         indices, start = write.columns.indices, 0

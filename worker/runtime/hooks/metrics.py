@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from worker.batching.policy import PRIORITIES
-from worker.runtime.deliveries import Holdings, Message, Outcomes
+from worker.runtime.deliveries import Holdings, Message, ResultsToStore
 from worker.runtime.forward import Report
 from worker.runtime.hooks import Hook, Ran, Run
 from worker.runtime.loaded_models import LoadedModels
@@ -89,7 +89,7 @@ def batch_ran(record: BatchRecord, report: Report) -> None:
         OOM_SPLITS.labels(record.model).inc()
 
 
-def items_stored(write: Outcomes) -> None:
+def items_stored(write: ResultsToStore) -> None:
     """A write's outcomes were committed (store thread)."""
     tally: Tally[tuple[str, str, str]] = Tally()
     errors, start = write.columns.errors, 0
@@ -110,7 +110,7 @@ class Metrics(Hook):
         if ran is not None:
             batch_ran(ran.record, ran.report)
 
-    def after_store(self, write: Outcomes) -> None:
+    def after_store(self, write: ResultsToStore) -> None:
         items_stored(write)
 
 
