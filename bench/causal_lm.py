@@ -17,10 +17,13 @@ import math
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +98,8 @@ def run_embedded(checkpoint: Path, texts: list[str], new: list[int], budget: int
     return elapsed, sum(row["output"]["tokens"] for row in rows if row.get("output"))
 
 
-def run_engine(checkpoint: Path, texts: list[str], new: list[int], budget: int, args: Any) -> tuple:
-    """Our engine driven directly (as the worker's engine drives it, no queue): seconds and token ids."""
-    from tests.support.batched_runs import Request, run_continuous
+def run_engine(checkpoint: Path, texts: list[str], new: list[int], budget: int, args: Any) -> Workload:
+    """Our engine driven directly (as the worker's engine drives it, no queue), after a warm-up."""
     from worker.models.registry import model_class
     from worker.settings import Settings
 
@@ -107,25 +109,54 @@ def run_engine(checkpoint: Path, texts: list[str], new: list[int], budget: int, 
     model: Any = model_class(entry, settings)(settings)
     model.load(args.device)
     items = [{"prompt": t, "max_new_tokens": n} for t, n in zip(texts, new, strict=True)]
-    prepared = model.prepare([model.validate(i, item, settings) for i, item in enumerate(items)])
-    requests = [Request(i, p.payload, p.length) for i, p in enumerate(prepared)]
-    run_continuous(model, requests[:2])  # warm-up, untimed
-    ids: dict[int, list[int]] = {}
+    prompts = [
+        p.payload for p in model.prepare([model.validate(i, x, settings) for i, x in enumerate(items)])
+    ]
+    run_workload(model, prompts[:2])  # warm-up, untimed
+    run = run_workload(model, prompts)
+    print(f"  (engine: {model.preemptions} preemptions)")
+    return run
 
-    class Recorder:
-        max_running, can_admit, admit = model.max_running, model.can_admit, model.admit
-        running = model.running
+
+@dataclass
+class Workload:
+    """One engine's continuous run of every request queued at once."""
+
+    tokens_per_s: float
+    wall_s: float
+    cpu_s: float
+    step_s: list[float]
+    mean_batch: float
+    ids: list[list[int]]
+
+    def row(self, name: str) -> list[object]:
+        return [name, self.tokens_per_s, f"{self.wall_s:.2f}", f"{self.cpu_s:.2f}", len(self.step_s),
+                f"{statistics.fmean(self.step_s) * 1e3:.1f}", f"{self.mean_batch:.1f}"]  # fmt: skip
+
+
+def run_workload(engine: Any, prompts: Sequence[Any]) -> Workload:
+    """A generate-kind engine (``CausalLM``) stepped through ``prompts`` (``Prompt``s), all queued at once."""
+    from tests.support.batched_runs import Request, run_continuous
+
+    step_s, batch_sizes, ids = list[float](), list[int](), dict[Hashable, tuple[int, ...]]()
+
+    class Recorded:
+        max_running = engine.max_running
+        can_admit, admit, running = engine.can_admit, engine.admit, engine.running
 
         def step(self) -> list[Any]:
-            done = model.advance()
-            ids.update((g.key, list(g.token_ids)) for g in done)
+            batch_sizes.append(engine.running())
+            before = time.monotonic()
+            done = engine.advance()
+            step_s.append(time.monotonic() - before)
+            ids.update((g.key, g.token_ids) for g in done)
             return done
 
-    started = time.monotonic()
-    run_continuous(Recorder(), requests)
-    elapsed = time.monotonic() - started
-    print(f"  (engine: {model.preemptions} preemptions)")
-    return elapsed, [ids[i] for i in range(len(texts))]
+    wall, cpu = time.monotonic(), time.process_time()
+    run_continuous(Recorded(), [Request(i, p, p.kv_tokens) for i, p in enumerate(prompts)])
+    wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+    return Workload(sum(map(len, ids.values())) / wall, wall, cpu, step_s, statistics.fmean(batch_sizes),
+                    [list(ids[i]) for i in range(len(prompts))])  # fmt: skip
 
 
 def load_reference(checkpoint: Path, args: Any) -> Any:
@@ -222,8 +253,9 @@ def main() -> None:
     RUN, ENGINE = "batchwork run (embedded, all in)", "batchwork engine"
     CB, ONE = "transformers continuous batching", "generate, one at a time"
     report(RUN, *run_embedded(checkpoint, texts, new, budget, args))
-    seconds, ours = run_engine(checkpoint, texts, new, budget, args)
-    report(ENGINE, seconds, sum(map(len, ours)))
+    engine = run_engine(checkpoint, texts, new, budget, args)
+    ours = engine.ids
+    report(ENGINE, engine.wall_s, sum(map(len, ours)))
     seconds, theirs = run_transformers_cb(load_reference(checkpoint, args), ids, new, budget, args.running)
     report(CB, seconds, sum(map(len, theirs)))
     model = load_reference(checkpoint, args)  # a live manager breaks later ordinary forwards (#48735)
