@@ -89,8 +89,12 @@ class Comparison:
     def report(self) -> None:
         print(f"\n{self.title}")
         for name, side in (self.ours | self.refs).items():
-            shown = f"{statistics.median(side.walls):.2f} s (CPU {statistics.median(side.cpus):.2f} s)"
-            print(f"  {name:<24} {f'not measured: {side.failed}' if side.failed else shown}")
+            if side.failed:  # its median would raise: no counted run
+                print(f"  {name:<24} not measured: {side.failed}")
+                continue
+            print(
+                f"  {name:<24} {statistics.median(side.walls):.2f} s (CPU {statistics.median(side.cpus):.2f} s)"
+            )
         for ours, mine in self.ours.items():
             for ref, theirs in self.refs.items():
                 if not (mine.failed or theirs.failed):
