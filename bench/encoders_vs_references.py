@@ -92,9 +92,8 @@ class Comparison:
             if side.failed:  # its median would raise: no counted run
                 print(f"  {name:<24} not measured: {side.failed}")
                 continue
-            print(
-                f"  {name:<24} {statistics.median(side.walls):.2f} s (CPU {statistics.median(side.cpus):.2f} s)"
-            )
+            wall, cpu = statistics.median(side.walls), statistics.median(side.cpus)
+            print(f"  {name:<24} {wall:.2f} s (CPU {cpu:.2f} s)")
         for ours, mine in self.ours.items():
             for ref, theirs in self.refs.items():
                 if not (mine.failed or theirs.failed):
