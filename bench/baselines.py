@@ -39,18 +39,10 @@ FLUSH_INTERVAL_S = float(os.environ.get("BENCH_FLUSH_INTERVAL_S", "0.05"))
 
 # Set by bench.harness (the bench's own redis-server): never a default that could reach another server.
 app = Celery("bench_baselines", broker=os.environ["BENCH_BROKER_URL"])
-app.conf.update(
-    task_serializer="json",
-    accept_content=["json"],
-    task_ignore_result=True,
-    task_acks_late=True,
-    task_routes={
-        "bench.plain_store": {"queue": PLAIN_QUEUE},
-        "bench.batches_store": {"queue": BATCHES_QUEUE},
-    },
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=True,
-)
+app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True, task_acks_late=True,
+                task_routes={"bench.plain_store": {"queue": PLAIN_QUEUE},
+                             "bench.batches_store": {"queue": BATCHES_QUEUE}},
+                broker_connection_retry_on_startup=True, worker_hijack_root_logger=True)  # fmt: skip
 
 _engines: dict[int, Engine] = {}
 
@@ -74,13 +66,8 @@ def plain_store(index: int, item: str) -> None:
         conn.execute(INSERT_RESULT, {"item_index": index, "output": noop(item)})
 
 
-@app.task(
-    name="bench.batches_store",
-    base=Batches,
-    flush_every=FLUSH_EVERY,
-    flush_interval=FLUSH_INTERVAL_S,
-    acks_late=True,
-)
+@app.task(name="bench.batches_store", base=Batches, flush_every=FLUSH_EVERY, flush_interval=FLUSH_INTERVAL_S,
+          acks_late=True)  # fmt: skip
 def batches_store(requests: list[SimpleRequest]) -> None:
     rows: list[dict[str, Any]] = [{"item_index": r.args[0], "output": noop(r.args[1])} for r in requests]
     # One executemany: SQLAlchemy's insertmanyvalues sends it as multi-row INSERTs, in one transaction.

@@ -17,10 +17,13 @@ import math
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +35,8 @@ PAGE = 16
 
 
 def checkpoint_for(layers: int, width: int, seed: int) -> Path:
-    name = f"batchwork-bench-llama-{layers}x{width}-s{seed}"
-    return h.cached_checkpoint(name, lambda d: build_checkpoint(d, layers, width, seed))
+    build = lambda d: build_checkpoint(d, layers, width, seed)  # noqa: E731
+    return h.cached_checkpoint(f"batchwork-bench-llama-{layers}x{width}-s{seed}", build)
 
 
 def build_checkpoint(directory: Path, layers: int, width: int, seed: int) -> None:
@@ -44,19 +47,11 @@ def build_checkpoint(directory: Path, layers: int, width: int, seed: int) -> Non
 
     tokenizer = _tokenizer()
     tokenizer.save_pretrained(directory)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=width,
-        intermediate_size=width * 11 // 4,
-        num_hidden_layers=layers,
-        num_attention_heads=width // 64,
-        num_key_value_heads=width // 64,
-        max_position_embeddings=1024,
-        initializer_range=0.1,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id,
-    )
+    eos = tokenizer.eos_token_id
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=width * 11 // 4,
+                         num_hidden_layers=layers, num_attention_heads=width // 64,
+                         num_key_value_heads=width // 64, max_position_embeddings=1024, initializer_range=0.1,
+                         bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
@@ -82,34 +77,17 @@ def workload(checkpoint: Path, count: int, seed: int) -> tuple[list[str], list[l
     return texts, ids, new
 
 
-def run_embedded(
-    checkpoint: Path, texts: list[str], new: list[int], budget: int, running: int, args: Any
-) -> tuple[float, int]:
+def run_embedded(checkpoint: Path, texts: list[str], new: list[int], budget: int, args: Any) -> tuple:
     """``batchwork run`` end to end (process start and model load included): seconds and tokens."""
     work = Path(tempfile.mkdtemp(prefix="batchwork-bench-run-"))
-    (work / "in.jsonl").write_text(
-        "".join(
-            json.dumps({"prompt": t, "max_new_tokens": n}) + "\n" for t, n in zip(texts, new, strict=True)
-        )
-    )
+    lines = (json.dumps({"prompt": t, "max_new_tokens": n}) + "\n" for t, n in zip(texts, new, strict=True))
+    (work / "in.jsonl").write_text("".join(lines))
     entry = f"generate:{checkpoint}"
-    options = {entry: {"kv_budget_tokens": budget, "max_running": running, "precision": args.precision}}
-    env = {
-        **os.environ,
-        "BATCHWORK_MODEL_OPTIONS": json.dumps(options),
-        "BATCHWORK_DEVICE": args.device,
-        "OMP_NUM_THREADS": str(args.threads or os.cpu_count()),
-        "HF_HUB_OFFLINE": "1",
-    }
-    command = [
-        str(Path(sys.executable).parent / "batchwork"),
-        "run",
-        "in.jsonl",
-        "--model",
-        entry,
-        "-o",
-        "out.jsonl",
-    ]
+    options = {entry: {"kv_budget_tokens": budget, "max_running": args.running, "precision": args.precision}}
+    env = {**os.environ, "BATCHWORK_MODEL_OPTIONS": json.dumps(options), "BATCHWORK_DEVICE": args.device,
+           "OMP_NUM_THREADS": str(args.threads or os.cpu_count()), "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    batchwork = str(Path(sys.executable).parent / "batchwork")
+    command = [batchwork, "run", "in.jsonl", "-m", entry, "-o", "out.jsonl"]
     started = time.monotonic()
     done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, check=False)
     elapsed = time.monotonic() - started
@@ -120,104 +98,96 @@ def run_embedded(
     return elapsed, sum(row["output"]["tokens"] for row in rows if row.get("output"))
 
 
-def run_engine(
-    checkpoint: Path, texts: list[str], new: list[int], budget: int, running: int, args: Any
-) -> tuple[float, list[list[int]]]:
-    """Our engine driven directly (as the worker's engine drives it, no queue): seconds and token ids."""
-    from tests.support.batched_runs import Request, run_continuous
+def run_engine(checkpoint: Path, texts: list[str], new: list[int], budget: int, args: Any) -> Workload:
+    """Our engine driven directly (as the worker's engine drives it, no queue), after a warm-up."""
     from worker.models.registry import model_class
     from worker.settings import Settings
 
     entry = f"generate:{checkpoint}"
-    options = {entry: {"kv_budget_tokens": budget, "max_running": running, "precision": args.precision}}
+    options = {entry: {"kv_budget_tokens": budget, "max_running": args.running, "precision": args.precision}}
     settings = Settings(models=[entry], model_options=options)
     model: Any = model_class(entry, settings)(settings)
     model.load(args.device)
-    checked = [
-        model.validate(i, {"prompt": t, "max_new_tokens": n}, settings)
-        for i, (t, n) in enumerate(zip(texts, new, strict=True))
+    items = [{"prompt": t, "max_new_tokens": n} for t, n in zip(texts, new, strict=True)]
+    prompts = [
+        p.payload for p in model.prepare([model.validate(i, x, settings) for i, x in enumerate(items)])
     ]
-    prepared = model.prepare(checked)
-    requests = [Request(i, p.payload, p.length) for i, p in enumerate(prepared)]
-    run_continuous(model, requests[:2])  # warm-up, untimed
-    ids: dict[int, list[int]] = {}
+    run_workload(model, prompts[:2])  # warm-up, untimed
+    run = run_workload(model, prompts)
+    print(f"  (engine: {model.preemptions} preemptions)")
+    return run
 
-    class Recorder:
-        max_running = model.max_running
 
-        def can_admit(self, length: int) -> bool:
-            return bool(model.can_admit(length))
+@dataclass
+class Workload:
+    """One engine's continuous run of every request queued at once."""
 
-        def admit(self, key: Any, payload: Any) -> None:
-            model.admit(key, payload)
+    tokens_per_s: float
+    wall_s: float
+    cpu_s: float
+    step_s: list[float]
+    mean_batch: float
+    ids: list[list[int]]
 
-        def running(self) -> int:
-            return int(model.running())
+    def row(self, name: str) -> list[object]:
+        return [name, self.tokens_per_s, f"{self.wall_s:.2f}", f"{self.cpu_s:.2f}", len(self.step_s),
+                f"{statistics.fmean(self.step_s) * 1e3:.1f}", f"{self.mean_batch:.1f}"]  # fmt: skip
+
+
+def run_workload(engine: Any, prompts: Sequence[Any]) -> Workload:
+    """A generate-kind engine (``CausalLM``) stepped through ``prompts`` (``Prompt``s), all queued at once."""
+    from tests.support.batched_runs import Request, run_continuous
+
+    step_s, batch_sizes, ids = list[float](), list[int](), dict[Hashable, tuple[int, ...]]()
+
+    class Recorded:
+        max_running = engine.max_running
+        can_admit, admit, running = engine.can_admit, engine.admit, engine.running
 
         def step(self) -> list[Any]:
-            done = model.advance()
-            ids.update((g.key, list(g.token_ids)) for g in done)
+            batch_sizes.append(engine.running())
+            before = time.monotonic()
+            done = engine.advance()
+            step_s.append(time.monotonic() - before)
+            ids.update((g.key, g.token_ids) for g in done)
             return done
 
-    started = time.monotonic()
-    run_continuous(Recorder(), requests)
-    elapsed = time.monotonic() - started
-    print(f"  (engine: {model.preemptions} preemptions)")
-    return elapsed, [ids[i] for i in range(len(texts))]
+    wall, cpu = time.monotonic(), time.process_time()
+    run_continuous(Recorded(), [Request(i, p, p.kv_tokens) for i, p in enumerate(prompts)])
+    wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+    return Workload(sum(map(len, ids.values())) / wall, wall, cpu, step_s, statistics.fmean(batch_sizes),
+                    [list(ids[i]) for i in range(len(prompts))])  # fmt: skip
 
 
-def load_reference(checkpoint: Path, args: Any, attention: str = "sdpa") -> Any:
+def load_reference(checkpoint: Path, args: Any) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = (
-        torch.bfloat16
-        if args.precision == "bf16"
-        else torch.float16
-        if args.precision == "fp16"
-        else torch.float32
-    )
-    return (
-        AutoModelForCausalLM.from_pretrained(
-            str(checkpoint), local_files_only=True, dtype=dtype, attn_implementation=attention
-        )
-        .to(args.device)
-        .eval()
-    )
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision, torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), local_files_only=True, dtype=dtype,
+                                                 attn_implementation="sdpa")  # fmt: skip
+    return model.to(args.device).eval()
 
 
-def run_transformers_cb(
-    model: Any, ids: list[list[int]], new: list[int], budget: int, running: int
-) -> tuple[float, list[list[int]]]:
+def run_transformers_cb(model: Any, ids: list[list[int]], new: list[int], budget: int, running: int) -> tuple:
     """transformers' continuous batching: the manager generate_batch uses, each request its own limit."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    config = GenerationConfig(
-        do_sample=False,
-        max_new_tokens=max(new),
-        eos_token_id=model.config.eos_token_id,
-        pad_token_id=model.config.eos_token_id,
-    )
-    cb = ContinuousBatchingConfig(
-        page_size=PAGE,
-        num_blocks=budget // PAGE,
-        max_batch_tokens=max(len(i) for i in ids) + running,
-        max_requests_per_batch=running,
-        allow_block_sharing=False,
-        use_cuda_graph=False,
-    )
+    eos = model.config.eos_token_id
+    config = GenerationConfig(do_sample=False, max_new_tokens=max(new), eos_token_id=eos, pad_token_id=eos)
+    cb = ContinuousBatchingConfig(page_size=PAGE, num_blocks=budget // PAGE, max_requests_per_batch=running,
+                                  max_batch_tokens=max(len(i) for i in ids) + running,
+                                  allow_block_sharing=False, use_cuda_graph=False)  # fmt: skip
     # Warm-up with the same config, untimed.
     model.generate_batch([ids[0]], generation_config=config, continuous_batching_config=cb, max_new_tokens=4)
     started = time.monotonic()
     manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
     manager.start()
-    keys = [
+    for i, (prompt, n) in enumerate(zip(ids, new, strict=True)):
         manager.add_request(prompt, request_id=str(i), max_new_tokens=n)
-        for i, (prompt, n) in enumerate(zip(ids, new, strict=True))
-    ]
     results: dict[str, Any] = {}
-    while len(results) < len(keys):
+    while len(results) < len(ids):
         result = manager.get_result(timeout=1)
         if result is not None and result.is_finished():
             results[result.request_id] = result
@@ -235,41 +205,27 @@ def run_generate(
     each request keeps its own first max_new_tokens. batch=1: one request at a time."""
     import torch
 
-    pad = model.config.eos_token_id
-    out: list[list[int]] = []
-    started = time.monotonic()
+    pad, out, started = model.config.eos_token_id, list[list[int]](), time.monotonic()
     with torch.inference_mode():
         for start in range(0, len(ids), batch):
             prompts, limits = ids[start : start + batch], new[start : start + batch]
-            longest = max(map(len, prompts))
+            longest, steps = max(map(len, prompts)), max(limits)
             rows = torch.tensor([[pad] * (longest - len(p)) + p for p in prompts], device=model.device)
             mask = torch.tensor(
                 [[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=model.device
             )
-            steps = max(limits)
-            generated = model.generate(
-                rows,
-                attention_mask=mask,
-                do_sample=False,
-                max_new_tokens=steps,
-                min_new_tokens=steps,
-                pad_token_id=pad,
-            )
+            generated = model.generate(rows, attention_mask=mask, do_sample=False, max_new_tokens=steps,
+                                       min_new_tokens=steps, pad_token_id=pad)  # fmt: skip
             out += [row[longest:][:n].tolist() for row, n in zip(generated, limits, strict=True)]
     return time.monotonic() - started, out
 
 
 def main() -> None:
     parser = h.arguments(__doc__, seed=7)
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--running", type=int, default=16, help="sequences in a step, every batched policy")
+    for flag, default in (("requests", 64), ("layers", 8), ("width", 512), ("running", 16), ("threads", 1)):
+        parser.add_argument(f"--{flag}", type=int, default=default)  # threads 0: torch's default
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads on the CPU (0: torch's default)"
-    )
     parser.add_argument("--skip-one-at-a-time", action="store_true")
     args = parser.parse_args()
     import torch
@@ -280,58 +236,43 @@ def main() -> None:
     texts, ids, new = workload(checkpoint, args.requests, args.seed)
     # The KV budget: every running sequence's worst case, so neither side preempts or waits for cache.
     budget = args.running * (-(-(PROMPT_TOKENS[1] + 2 * NEW_TOKENS[1]) // PAGE) * PAGE)
-    total = sum(new)
-    print(
-        f"Llama-shaped random model: {args.layers} layers, hidden {args.width}, {args.width // 64} heads; "
-        f"{args.device} {args.precision}, torch threads {torch.get_num_threads()}; {len(ids)} requests, "
-        f"prompts {min(map(len, ids))}-{max(map(len, ids))} tokens, max_new_tokens {min(new)}-{max(new)} "
-        f"(sum {total}); "
-        f"greedy; {args.running} sequences a step, KV budget {budget} tokens (pages of {PAGE})"
-    )
-    figures: dict[str, float] = {}
+    print(f"Llama-shaped random model: {args.layers} layers, hidden {args.width}, {args.width // 64} heads; "
+          f"{args.device} {args.precision}, torch threads {torch.get_num_threads()}; {len(ids)} requests, "
+          f"prompts {min(map(len, ids))}-{max(map(len, ids))} tokens, max_new_tokens {min(new)}-{max(new)} "
+          f"(sum {sum(new)}); greedy; {args.running} sequences a step, KV budget {budget} tokens "
+          f"(pages of {PAGE})")  # fmt: skip
+    rate: dict[str, float] = {}
 
     def report(name: str, seconds: float, tokens: int) -> None:
-        figures[name] = tokens / seconds
+        rate[name] = tokens / seconds
         print(
             f"{name:>34}: {tokens:6d} tokens in {seconds:7.2f} s = {tokens / seconds:8.1f} tokens/s",
             flush=True,
         )
 
-    seconds, tokens = run_embedded(checkpoint, texts, new, budget, args.running, args)
-    report("batchwork run (embedded, all in)", seconds, tokens)
-    seconds, ours = run_engine(checkpoint, texts, new, budget, args.running, args)
-    report("batchwork engine", seconds, sum(map(len, ours)))
-    model = load_reference(checkpoint, args)
-    seconds, theirs = run_transformers_cb(model, ids, new, budget, args.running)
-    report("transformers continuous batching", seconds, sum(map(len, theirs)))
+    RUN, ENGINE = "batchwork run (embedded, all in)", "batchwork engine"
+    CB, ONE = "transformers continuous batching", "generate, one at a time"
+    report(RUN, *run_embedded(checkpoint, texts, new, budget, args))
+    engine = run_engine(checkpoint, texts, new, budget, args)
+    ours = engine.ids
+    report(ENGINE, engine.wall_s, sum(map(len, ours)))
+    seconds, theirs = run_transformers_cb(load_reference(checkpoint, args), ids, new, budget, args.running)
+    report(CB, seconds, sum(map(len, theirs)))
     model = load_reference(checkpoint, args)  # a live manager breaks later ordinary forwards (#48735)
     seconds, static = run_generate(model, ids, new, args.running)
-    report(f"generate, static batches of {args.running}", seconds, sum(map(len, static)))
+    report(STATIC := f"generate, static batches of {args.running}", seconds, sum(map(len, static)))
     if not args.skip_one_at_a_time:
         seconds, single = run_generate(model, ids, new, 1)
-        report("generate, one at a time", seconds, sum(map(len, single)))
-        print(
-            "greedy ids equal to generate one at a time: "
-            f"ours {sum(a == b for a, b in zip(ours, single, strict=True))}/{len(ids)}, "
-            f"transformers CB {sum(a == b for a, b in zip(theirs, single, strict=True))}/{len(ids)}"
-        )
-    run, engine = figures["batchwork run (embedded, all in)"], figures["batchwork engine"]
-    cb, static = (
-        figures["transformers continuous batching"],
-        figures[f"generate, static batches of {args.running}"],
-    )
-    print(
-        f"\nembedded run / transformers CB: {run / cb:.2f}x (target >= 1.0x); engine alone {engine / cb:.2f}x"
-    )
-    if "generate, one at a time" in figures:
-        print(
-            f"embedded run / generate one at a time: {run / figures['generate, one at a time']:.2f}x "
-            "(target >= 5x)"
-        )
-    print(
-        f"embedded run / generate static batches: {run / static:.2f}x (target >= 2x); "
-        f"engine alone {engine / static:.2f}x"
-    )
+        report(ONE, seconds, sum(map(len, single)))
+        equal = [sum(a == b for a, b in zip(got, single, strict=True)) for got in (ours, theirs)]
+        print(f"greedy ids equal to generate one at a time: ours {equal[0]}/{len(ids)}, "
+              f"transformers CB {equal[1]}/{len(ids)}")  # fmt: skip
+    print(f"\nembedded run / transformers CB: {rate[RUN] / rate[CB]:.2f}x (target >= 1.0x); "
+          f"engine alone {rate[ENGINE] / rate[CB]:.2f}x")  # fmt: skip
+    if ONE in rate:
+        print(f"embedded run / generate one at a time: {rate[RUN] / rate[ONE]:.2f}x (target >= 5x)")
+    print(f"embedded run / generate static batches: {rate[RUN] / rate[STATIC]:.2f}x (target >= 2x); "
+          f"engine alone {rate[ENGINE] / rate[STATIC]:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

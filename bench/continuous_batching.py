@@ -16,14 +16,12 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench import harness as h
-from bench.causal_lm import run_generate
-from tests.support.batched_runs import Request, run_continuous
-from worker.batching.sequences import RetiredSequence, pages_for
+from bench.causal_lm import Workload, run_generate, run_workload
+from worker.batching.sequences import pages_for
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.causal_lm.model import PAGE_TOKENS, CausalLM
 from worker.models.gpt2 import GPT2
@@ -119,44 +117,6 @@ def step_costs(engines: dict[str, CausalLM], batches: Sequence[int], vocab: int,
                 for kind, seconds in figures.items():
                     best[name, batch, kind] = min(best.get((name, batch, kind), math.inf), seconds)
     return best
-
-
-@dataclass
-class Workload:
-    """One network's continuous run of every request queued at once."""
-
-    tokens_per_s: float
-    wall_s: float
-    cpu_s: float
-    step_s: list[float]
-    mean_batch: float
-    ids: list[list[int]]
-
-    def row(self, name: str) -> list[object]:
-        return [name, self.tokens_per_s, f"{self.wall_s:.2f}", f"{self.cpu_s:.2f}", len(self.step_s),
-                f"{statistics.fmean(self.step_s) * 1e3:.1f}", f"{self.mean_batch:.1f}"]  # fmt: skip
-
-
-def run_workload(engine: CausalLM, prompts: Sequence[Prompt]) -> Workload:
-    step_s, batch_sizes, ids = list[float](), list[int](), dict[Hashable, tuple[int, ...]]()
-
-    class Recorded:
-        max_running = engine.max_running
-        can_admit, admit, running = engine.can_admit, engine.admit, engine.running
-
-        def step(self) -> list[RetiredSequence]:
-            batch_sizes.append(engine.running())
-            before = time.monotonic()
-            done = engine.advance()
-            step_s.append(time.monotonic() - before)
-            ids.update((g.key, g.token_ids) for g in done)
-            return done
-
-    wall, cpu = time.monotonic(), time.process_time()
-    run_continuous(Recorded(), [Request(i, p, p.kv_tokens) for i, p in enumerate(prompts)])
-    wall, cpu = time.monotonic() - wall, time.process_time() - cpu
-    return Workload(sum(map(len, ids.values())) / wall, wall, cpu, step_s, statistics.fmean(batch_sizes),
-                    [list(ids[i]) for i in range(len(prompts))])  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:

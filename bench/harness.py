@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, create_engine, text
 
@@ -114,16 +114,11 @@ class Proc:
     def __init__(self, argv: Sequence[str], env: dict[str, str], name: str, ready: re.Pattern[str]):
         self.name, self.ready_at, self.log = name, 0.0, list[str]()
         self._ready_line, self._ready = ready, threading.Event()
-        self.proc = subprocess.Popen(
-            list(argv), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
-        )  # fmt: skip
+        self.proc = subprocess.Popen(list(argv), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+        self.pid = self.proc.pid
         _started.append(self)
         threading.Thread(target=self._read, name=f"log-{name}", daemon=True).start()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -296,14 +291,8 @@ def _cpu_s(counts: Callable[[int, list[str]], bool]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def arguments(
-    doc: str | None,
-    *,
-    quick: str = "",
-    seed: int | None = None,
-    services: bool = False,
-    timeout_s: float = 300,
-) -> argparse.ArgumentParser:
+def arguments(doc: str | None, *, quick: str = "", seed: int | None = None, services: bool = False,
+              timeout_s: float = 300) -> argparse.ArgumentParser:  # fmt: skip
     """The flags every bench spells the same way: ``--quick`` (its help says what shrinks), ``--seed``, and
     for a bench with servers ``--timeout-s`` and ``--worker-setting``; the module's docstring is the help."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -312,9 +301,7 @@ def arguments(
     if seed is not None:
         p.add_argument("--seed", type=int, default=seed)
     if services:
-        p.add_argument(
-            "--timeout-s", type=float, default=timeout_s, help="give up on one measured phase after this"
-        )
+        p.add_argument("--timeout-s", type=float, default=timeout_s, help="give up on a phase after this")
         p.add_argument("--worker-setting", action="append", default=[], metavar="NAME=VALUE",
                        help="extra BATCHWORK_NAME=VALUE for every batchwork worker (repeatable)")  # fmt: skip
     return p
@@ -337,18 +324,14 @@ def epoch(value: datetime | None) -> float:
     return float("nan") if value is None else value.timestamp()
 
 
-@dataclass
-class Rows:
-    """What a results table holds: how many rows, when the first and last were written."""
+class Rows(NamedTuple):
+    """What a results table holds: how many rows, when the first and last were written, and the rate of
+    the rows written after the first."""
 
     count: int
     first: float
     last: float
-    after_first: int  # rows written after the first write
-
-    def commit_rate(self) -> float:
-        span = self.last - self.first
-        return self.after_first / span if span > 0 else float("nan")
+    commit_rate: float
 
 
 def wait_rows(found: Stack, table: str, total: int, timeout_s: float) -> Rows:
@@ -368,7 +351,8 @@ def wait_rows(found: Stack, table: str, total: int, timeout_s: float) -> Rows:
         count, first, last, after = conn.execute(query).one()
     if count < total:
         print(f"  !! timed out after {timeout_s:.0f} s with {count}/{total} rows in {table}")
-    return Rows(count, epoch(first), epoch(last), after)
+    span = epoch(last) - epoch(first)
+    return Rows(count, epoch(first), epoch(last), after / span if span > 0 else float("nan"))
 
 
 def wait_job(job_id: str, timeout_s: float) -> Any:
@@ -376,11 +360,10 @@ def wait_job(job_id: str, timeout_s: float) -> Any:
     from worker.store.values import FINISHED_STATES
 
     deadline = time.monotonic() + timeout_s
-    while (job := status(job_id)).state not in FINISHED_STATES:
-        if time.monotonic() > deadline:
-            print(f"  !! job {job_id} still {job.state} after {timeout_s:.0f} s ({job.done}/{job.total})")
-            return job
+    while (job := status(job_id)).state not in FINISHED_STATES and time.monotonic() < deadline:
         time.sleep(POLL_S)
+    if job.state not in FINISHED_STATES:
+        print(f"  !! job {job_id} still {job.state} after {timeout_s:.0f} s ({job.done}/{job.total})")
     return job
 
 
@@ -464,6 +447,6 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
 
 
 def _cell(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
-    return str(value)
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"

@@ -16,7 +16,6 @@ repository root: ``python -m bench.openai_batch [--items 50000] [--minilm-items 
 from __future__ import annotations
 
 import argparse
-import http.client
 import io
 import statistics
 import time
@@ -25,8 +24,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+from sqlalchemy import text
 
 from bench import harness as h
+from tests.support.services import free_port
 
 POLL_S = 0.1
 
@@ -39,12 +40,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=32, help="concurrent POST /v1/embeddings clients")
     p.add_argument("--requests", type=int, default=40, help="requests per client")
     p.add_argument("--high-lane-n", type=int, default=32, help="minilm's high-lane N (0: the default, N/8)")
-    p.add_argument("--port", type=int, default=8766)
     return p.parse_args(argv)
-
-
-def texts(count: int) -> list[str]:
-    return [f"document number {i} about batch inference on many machines" for i in range(count)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -54,50 +50,37 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings: dict[str, object] = {"api_max_queue_depth": str(10**6)}
         if args.high_lane_n:  # an embeddings server's setting: the high lane's batches as large as normal's
             settings["batching"] = {"minilm": {"lanes": {"high": {"max_batch_size": args.high_lane_n}}}}
-        worker = h.worker(found, "worker", **settings)
-        api = h.api(found, args.port, **settings)
+        port = free_port()
+        worker, api = h.worker(found, "worker", **settings), h.api(found, port, **settings)
         worker.wait_ready()
         api.wait_ready()
-        key = _key(found.database_url)
-        url = f"http://127.0.0.1:{args.port}"
+        from worker.client import Client
+        from worker.store.api_keys import KeyStore
+
+        key = KeyStore(Client().store.engine).create("bench")[1]
         print("\n1. an embeddings batch end to end: /v1/files + /v1/batches vs client.submit + results")
-        rows = [batch_section(args, url, key, "noop", args.items)]
-        if args.minilm_items:
-            rows.append(batch_section(args, url, key, "minilm", args.minilm_items))
+        models = {"noop": args.items, "minilm": args.minilm_items}
+        rows = [batch_section(args, port, key, model, count) for model, count in models.items() if count]
         h.print_table(("model", "lines", "batch s (runs)", "submit s (runs)", "batch / submit speed"), rows)
-        embeddings_section(args, key, found.database_url)
+        embeddings_section(args, found, port, key)
         h.print_problems([worker, api], limit=10)
 
 
-def _key(database_url: str) -> str:
-    from worker.store.api_keys import KeyStore
-    from worker.store.results import ResultStore
-
-    return KeyStore(ResultStore.for_url(database_url).engine).create("bench")[1]
-
-
-def batch_section(args: argparse.Namespace, url: str, key: str, model: str, count: int) -> tuple[Any, ...]:
+def batch_section(args: argparse.Namespace, port: int, key: str, model: str, count: int) -> tuple[Any, ...]:
     import openai
 
     from worker.client import Client
 
-    inputs = texts(count)
-    lines = [
-        {
-            "custom_id": f"r{i}",
-            "method": "POST",
-            "url": "/v1/embeddings",
-            "body": {"model": model, "input": text},
-        }
-        for i, text in enumerate(inputs)
-    ]
-    body = b"".join(orjson.dumps(line) + b"\n" for line in lines)
-    oai = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600)
+    inputs = [f"document number {i} about batch inference on many machines" for i in range(count)]
+    body = b"".join(orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/embeddings",
+                                  "body": {"model": model, "input": text}}) + b"\n"
+                    for i, text in enumerate(inputs))  # fmt: skip
+    oai = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=600)
     client = Client()
     seconds: dict[str, list[float]] = {"batch": [], "submit": []}
     for _ in range(args.repeats):
         seconds["submit"].append(_submit_path(client, model, inputs))
-        seconds["batch"].append(_batch_path(oai, client, body, count))
+        seconds["batch"].append(_batch_path(oai, client, body, model, count))
     batch, submit = statistics.median(seconds["batch"]), statistics.median(seconds["submit"])
     runs = {name: " ".join(f"{value:.1f}" for value in values) for name, values in seconds.items()}
     return model, f"{count:,}", runs["batch"], runs["submit"], f"{submit / batch:.2f}x (target >= 0.8x)"
@@ -116,18 +99,19 @@ def _submit_path(client: Any, model: str, inputs: list[str]) -> float:
 
 
 def _job_times(client: Any, job_id: str) -> str:
-    """When the job was recorded, a worker began it and it finished, as the store saw it."""
+    """How long the job ran, first batch to finished, as the store saw it."""
     status = client.status(job_id)
     ran = (status.finished_at - status.started_at).total_seconds() if status.started_at else float("nan")
     return f"the job ran {ran:.1f} s (first batch to finished)"
 
 
-def _batch_path(oai: Any, client: Any, body: bytes, count: int) -> float:
+def _batch_path(oai: Any, client: Any, body: bytes, model: str, count: int) -> float:
+    from api.batch_runner import job_id_for
+
     started = time.perf_counter()
     file_id = oai.files.create(file=("bench.jsonl", io.BytesIO(body)), purpose="batch").id
-    uploaded = time.perf_counter()
+    seen = {"uploaded": time.perf_counter() - started}
     batch = oai.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
-    seen = {"uploaded": uploaded - started}
     while batch.status not in ("completed", "failed", "expired", "cancelled"):
         time.sleep(POLL_S)
         batch = oai.batches.retrieve(batch.id)
@@ -140,63 +124,31 @@ def _batch_path(oai: Any, client: Any, body: bytes, count: int) -> float:
     if read != count:
         raise RuntimeError(f"the output held {read} answered lines of {count}")
     phases = ", ".join(f"{name} {at:.1f}" for name, at in seen.items())
-    from api.batch_runner import job_id_for
-
-    job = _job_times(client, job_id_for(batch.id, _model_of(body)))
+    job = _job_times(client, job_id_for(batch.id, model))
     print(f"  batch of {count:,}: first seen (s from the start): {phases}, downloaded {elapsed:.1f}; {job}")
     return elapsed
 
 
-def _model_of(body: bytes) -> str:
-    return str(orjson.loads(body[: body.index(b"\n")])["body"]["model"])
-
-
-def embeddings_section(args: argparse.Namespace, key: str, database_url: str) -> None:
+def embeddings_section(args: argparse.Namespace, found: h.Stack, port: int, key: str) -> None:
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
 
-    warm = http.client.HTTPConnection("127.0.0.1", args.port, timeout=120)  # MiniLM loads on the first
-    warm.request("POST", "/v1/embeddings", body=b'{"model": "minilm", "input": "warm up"}', headers=headers)
-    warm.getresponse().read()
-    warm.close()
-
     def post(number: int, i: int) -> h.Request:
-        text = f"client {number} asks for request {i} about batching"
-        return (
-            "POST",
-            "/v1/embeddings",
-            orjson.dumps({"model": "minilm", "input": text, "encoding_format": "float"}),
-            headers,
-        )
+        text = "warm up" if i < 0 else f"client {number} asks for request {i} about batching"
+        body = orjson.dumps({"model": "minilm", "input": text, "encoding_format": "float"})
+        return "POST", "/v1/embeddings", body, headers
 
-    latencies, wall, started = h.http_clients(args.port, args.clients, args.requests, post)
-    since = datetime.fromtimestamp(started, UTC)
-    sizes = _batch_sizes(database_url, since)
+    h.http_clients(port, 1, 0, post, warm=True)  # MiniLM loads on the first request
+    latencies, wall, started = h.http_clients(port, args.clients, args.requests, post)
+    query = text("SELECT size FROM batches WHERE model = 'minilm' AND lane = 'high' AND started_at >= :since")
+    with found.db.connect() as conn:
+        sizes = list(conn.execute(query, {"since": datetime.fromtimestamp(started, UTC)}).scalars())
     print(f"\n2. POST /v1/embeddings (MiniLM), {args.clients} concurrent clients of one input each")
-    row = (
-        len(latencies),
-        f"{len(latencies) / wall:,.1f}",
-        f"{h.percentile(latencies, 50) * 1000:.0f}",
-        f"{h.percentile(latencies, 99) * 1000:.0f}",
-        len(sizes),
-        f"{statistics.mean(sizes):.1f}" if sizes else "-",
-        max(sizes) if sizes else "-",
+    row = (len(latencies), f"{len(latencies) / wall:,.1f}",
+           *(f"{h.percentile(latencies, q) * 1000:.0f}" for q in (50, 99)), len(sizes),
+           f"{statistics.mean(sizes):.1f}" if sizes else "-", max(sizes) if sizes else "-")  # fmt: skip
+    h.print_table(
+        ("requests", "requests/s", "p50 ms", "p99 ms", "device batches", "mean batch size", "max"), [row]
     )
-    headers_row = ("requests", "requests/s", "p50 ms", "p99 ms", "device batches", "mean batch size", "max")
-    h.print_table(headers_row, [row])
-
-
-def _batch_sizes(database_url: str, since: datetime) -> list[int]:
-    from sqlalchemy import select
-
-    from worker.store import tables
-    from worker.store.results import ResultStore
-
-    column = tables.batches.c
-    query = select(column.size).where(
-        column.model == "minilm", column.lane == "high", column.started_at >= since
-    )
-    with ResultStore.for_url(database_url).engine.connect() as conn:
-        return list(conn.scalars(query))
 
 
 if __name__ == "__main__":

@@ -259,7 +259,7 @@ def _calls_row(table: list[list[object]], found: h.Stack, name: str, phase: str,
     if name == "batchwork":
         count, size, _, _ = h.batch_stats(found)
         batches = f"{count} ({size:.1f})"
-    cells = [publish_rate, rows.count / wall_s, rows.commit_rate(), f"{wall_s:.2f}", batches]
+    cells = [publish_rate, rows.count / wall_s, rows.commit_rate, f"{wall_s:.2f}", batches]
     servers = [f"{cpu.cores[key]:.2f}" for key in ("postgres", "redis")]
     table.append([name, phase, *cells, *cores(cpu)[:2], *servers, f"{cpu.cores['rest']:.2f}"])
     return rows.count / wall_s

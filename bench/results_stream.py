@@ -39,13 +39,9 @@ def main() -> None:
         started = time.perf_counter()
         for start in range(0, args.rows, 20_000):
             indices = list(range(start, min(args.rows, start + 20_000)))
-            columns = ItemColumns(
-                [job.job_id] * len(indices),
-                indices,
-                [f"doc-{i}" for i in indices],
-                [{"label": "positive", "score": 0.5 + i % 100 / 1000} for i in indices],
-                [None] * len(indices),
-            )
+            outputs = [{"label": "positive", "score": 0.5 + i % 100 / 1000} for i in indices]
+            ids, nothing = [f"doc-{i}" for i in indices], [None] * len(indices)
+            columns = ItemColumns([job.job_id] * len(indices), indices, ids, outputs, nothing)
             store.write_batches([(None, columns, [job])])
         print(f"stored {args.rows:,} rows in {time.perf_counter() - started:.1f} s")
 
@@ -73,10 +69,7 @@ def main() -> None:
                     f"  {name}: {seconds:.2f} s, {size / 1e6:.0f} MB NDJSON, peak RSS +{grown / 1024:.0f} MB"
                 )
         best = {name: max(rate for rate, _ in rows) for name, rows in runs.items()}
-        h.print_table(
-            ["way", "rows/s (best)"],
-            [[name, f"{rate:,.0f}"] for name, rate in best.items()],
-        )
+        h.print_table(["way", "rows/s (best)"], [[name, f"{rate:,.0f}"] for name, rate in best.items()])
         print(f"  ratio SQL / Python: {best['result_lines (SQL)'] / best['results + write_results']:.2f}x")
         store.close()
 

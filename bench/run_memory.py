@@ -22,18 +22,12 @@ from pathlib import Path
 
 from bench import harness as h
 
-ROOT = h.ROOT
-
 
 def write_input(path: Path, lines: int) -> None:
     with path.open("wb") as out:
-        block: list[bytes] = []
-        for i in range(lines):
-            block.append(b'{"id": "d%d", "text": "a short text of a few words, number %d"}\n' % (i, i))
-            if len(block) == 10_000:
-                out.write(b"".join(block))
-                block = []
-        out.write(b"".join(block))
+        for start in range(0, lines, 10_000):
+            out.write(b"".join(b'{"id": "d%d", "text": "a short text of a few words, number %d"}\n' % (i, i)
+                               for i in range(start, min(lines, start + 10_000))))  # fmt: skip
 
 
 def run_once(source: Path, folder: Path, lines: int) -> dict[str, float | str]:
@@ -51,13 +45,9 @@ def run_once(source: Path, folder: Path, lines: int) -> dict[str, float | str]:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"run failed ({source}):\n{stderr[-2000:]}")
     printed = re.search(r"\(([\d,]+) items/s\)", stderr)
-    return {
-        "peak_mb": usage.ru_maxrss / 1024,
-        "wall_s": wall,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "printed_items_s": float(printed.group(1).replace(",", "")) if printed else float("nan"),
-        "checked": check_output(folder / "out.jsonl", lines),
-    }
+    items_s = float(printed.group(1).replace(",", "")) if printed else float("nan")
+    return {"peak_mb": usage.ru_maxrss / 1024, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "printed_items_s": items_s, "checked": check_output(folder / "out.jsonl", lines)}  # fmt: skip
 
 
 def check_output(path: Path, lines: int) -> str:
@@ -76,25 +66,18 @@ def main() -> None:
     parser.add_argument("--old", type=Path, help="another checkout's root, run beside this one")
     parser.add_argument("--old-max-lines", type=int, default=1_000_000)
     args = parser.parse_args()
-    print(
-        f"{'code':<6} {'lines':>10} {'peak RSS MB':>12} {'wall s':>8} {'CPU s':>8} "
-        f"{'items/s (printed)':>18} {'lines/s (wall)':>15}  output"
-    )
+    print(f"{'code':<6} {'lines':>10} {'peak RSS MB':>12} {'wall s':>8} {'CPU s':>8} "
+          f"{'items/s (printed)':>18} {'lines/s (wall)':>15}  output")  # fmt: skip
     for lines in [int(n) for n in args.lines.split(",")]:
         with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
             folder = Path(tmp)
             write_input(folder / "in.jsonl", lines)
-            sources = [("new", ROOT)]
-            if args.old is not None and lines <= args.old_max_lines:
-                sources.append(("old", args.old))
-            for name, source in sources:
+            old = [("old", args.old)] if args.old is not None and lines <= args.old_max_lines else []
+            for name, source in [("new", h.ROOT), *old]:
                 row = run_once(source, folder, lines)
-                print(
-                    f"{name:<6} {lines:>10,} {row['peak_mb']:>12,.0f} {row['wall_s']:>8.1f} "
-                    f"{row['cpu_s']:>8.1f} {row['printed_items_s']:>18,.0f} "
-                    f"{lines / float(row['wall_s']):>15,.0f}  {row['checked']}",
-                    flush=True,
-                )
+                cells = f"{row['peak_mb']:>12,.0f} {row['wall_s']:>8.1f} {row['cpu_s']:>8.1f}"
+                rates = f"{row['printed_items_s']:>18,.0f} {lines / float(row['wall_s']):>15,.0f}"
+                print(f"{name:<6} {lines:>10,} {cells} {rates}  {row['checked']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,23 +18,19 @@ import orjson
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("task", choices=["encode", "classify"])
-    parser.add_argument("directory")
-    parser.add_argument("source")
-    parser.add_argument("target")
+    for name in ("directory", "source", "target"):
+        parser.add_argument(name)
     parser.add_argument("--backend", default="torch")
     args = parser.parse_args()
     with open(args.source, "rb") as lines:
         texts = [orjson.loads(line)["text"] for line in lines if line.strip()]
-    outputs = (
-        encode(args.directory, texts, args.backend)
-        if args.task == "encode"
-        else classify(args.directory, texts)
-    )
-    with open(args.target, "wb") as out:
-        for index, output in enumerate(outputs):
-            out.write(
-                orjson.dumps({"index": index, "output": output}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-            )
+    if args.task == "encode":
+        outputs = encode(args.directory, texts, args.backend)
+    else:
+        outputs = classify(args.directory, texts)
+    lines = (orjson.dumps({"index": i, "output": output}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+             for i, output in enumerate(outputs))  # fmt: skip
+    Path(args.target).write_bytes(b"".join(lines))
 
 
 def encode(directory: str, texts: list[str], backend: str) -> list[object]:
