@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import orjson
-from celery.utils.time import utcoffset
 
 from worker.celery_compat.celery_seams import send_in_bulk
 from worker.celery_compat.kombu_seams import register_encoder
@@ -92,7 +91,7 @@ def publish_events(dispatcher: Any, events: Sequence[tuple[str, Delivery, dict[s
     # "task.multi" message per turn of the loop, or per 24 events; a tick's worth is one message.
     send_in_bulk(dispatcher, EVENTS_PER_MESSAGE, EVENT_SERIALIZER)
     # send() reads the UTC offset per event (a localtime() call, a tenth of its cost); one a tick will do.
-    offset = utcoffset()
+    offset = (time.altzone if time.localtime().tm_isdst else time.timezone) // 3600  # as Celery reckons it
 
     def tick_offset() -> int:
         return offset
