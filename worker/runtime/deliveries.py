@@ -39,7 +39,7 @@ class Delivery:
     failed: int = 0
     error: str | None = None
 
-    @property
+    @cached_property
     def task_id(self) -> str:
         return str(self.message.headers.get("id"))
 
