@@ -11,7 +11,7 @@ and a queued job reads the same on every surface. It never runs a model and neve
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator
 from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -21,7 +21,8 @@ from worker.errors import JobNotFound, NoWorker
 from worker.models.registry import model_class
 from worker.settings import Settings, get_settings
 from worker.store.api_keys import DEFAULT_TENANT
-from worker.store.values import BatchRecord, ItemRecord, JobSpec, JobState, JobStatus
+from worker.store.ports import JobRecords
+from worker.store.values import ItemRecord, JobSpec, JobState, JobStatus
 
 if TYPE_CHECKING:
     from worker.calls import NewJob
@@ -46,36 +47,6 @@ class ItemResult(NamedTuple):
     output: Any
     error: str | None
     item_id: str | None
-
-
-class JobRecords(Protocol):
-    """Where jobs live in SQL: worker.store.results.ResultStore, or the tests' MemoryStore."""
-
-    def create_job(
-        self,
-        spec: JobSpec,
-        *,
-        create_schema: bool = False,
-        state: JobState = JobState.QUEUED,
-        tenant: str = DEFAULT_TENANT,
-        metadata: Any = None,
-    ) -> bool: ...
-
-    def fail_job(self, job_id: str, error: str) -> None: ...
-
-    def cancel(self, job_id: str) -> bool: ...
-
-    def status(self, job_id: str, tenants: Collection[str] | None = None) -> JobStatus | None: ...
-
-    def results(self, job_id: str, after: int = -1, before: int | None = None) -> Iterator[ItemRecord]: ...
-
-    def result_lines(self, job_id: str, after: int = -1, limit: int | None = None) -> Iterator[bytes]: ...
-
-    def write_batch(
-        self, record: BatchRecord | None, outcomes: Sequence[ItemRecord], jobs: Sequence[JobSpec]
-    ) -> int: ...
-
-    def location(self) -> str: ...
 
 
 class Messages(Protocol):

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.batching.policy import PRIORITIES
-from worker.model_specs import BUILTIN_MODELS, ModelSpec, check_builtin_options, parse_model_entry
+from worker.models.specs import BUILTIN_MODELS, ModelSpec, check_builtin_options, parse_model_entry
 
 __all__ = ["BatchingSettings", "LaneSettings", "Settings", "get_settings"]
 
@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     )
 
     # The models this deployment serves: built-in names, "package.module:Class" paths and checkpoints of a
-    # model kind, "NAME=embed:/dir" (see worker/model_specs.py). A message or call naming anything else
+    # model kind, "NAME=embed:/dir" (see worker/models/specs.py). A message or call naming anything else
     # is refused before any import, so no caller can make a worker import a module.
     models: list[str] = Field(default_factory=lambda: sorted(BUILTIN_MODELS))
     # An item whose worker died this many times while running it (a segfault, os._exit, the OOM killer)

@@ -1,8 +1,8 @@
 """The result store and the tuned-limits table in memory, for tests of the engine without servers (as
 procrastinate's in-memory connector stands in for PostgreSQL).
 
-They implement the runtime's ports (worker/runtime/ports.py) and the SQL side of the jobs port
-(worker.jobs.JobRecords) with the SQL store's rules: results keyed by
+They implement the runtime's ports (worker/store/ports.py) and the SQL side of the jobs port
+(worker.store.ports.JobRecords) with the SQL store's rules: results keyed by
 (job, index) and written once, a missing job row made from its spec, a job whose row disagrees with a
 message's spec left alone, counters and state moved forward as one transaction would, never back out of a
 finished state. Outputs must be JSON as the SQL column would keep them (a ValueError otherwise, which the
@@ -123,7 +123,7 @@ class MemoryStore:
     def location(self) -> str:
         return "the memory store"
 
-    # -- the worker's port (worker.runtime.ports.WorkerStore) ------------------------------------------
+    # -- the worker's port (worker.store.ports.WorkerStore) ------------------------------------------
 
     def write_batch(
         self, record: BatchRecord | None, outcomes: Sequence[ItemRecord], jobs: Sequence[JobSpec]
@@ -244,7 +244,7 @@ class MemoryStore:
 
 
 class MemoryTunedLimits:
-    """The tuned-limits table in memory (worker.runtime.ports.TunedStore)."""
+    """The tuned-limits table in memory (worker.store.ports.TunedStore)."""
 
     def __init__(self, batching: dict[str, dict[str, Any]] | None = None, device_kind: str = "cpu") -> None:
         self.device_kind = device_kind

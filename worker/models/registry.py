@@ -13,13 +13,13 @@ import inspect
 from functools import cache
 from typing import TYPE_CHECKING, NamedTuple
 
-from worker.model_specs import BUILTIN_MODELS, MODEL_KINDS, ModelSpec, parse_model_entry
 from worker.models.base import InvalidInput, Model
+from worker.models.specs import BUILTIN_MODELS, MODEL_KINDS, ModelSpec, parse_model_entry
 
 if TYPE_CHECKING:
     from worker.settings import Settings
 
-# The catalogue and the entries' parsing live in worker/model_specs.py (settings read them without a model);
+# The catalogue and the entries' parsing live in worker/models/specs.py (settings read them without a model);
 # named here too for the callers that resolve models.
 __all__ = [
     "BUILTIN_MODELS",

@@ -31,12 +31,12 @@ from worker.runtime.hooks.task_events import TaskEvents
 from worker.runtime.loaded_models import LoadedModels
 from worker.runtime.lost_items import LostItems
 from worker.runtime.outbox import Outbox
-from worker.runtime.ports import TunedStore, WorkerStore
 from worker.runtime.prepare_thread import Preparer
 from worker.runtime.run_thread import Runner
 from worker.runtime.store_thread import Storer
 from worker.runtime.tuned_watch import TunedLimitsWatcher
 from worker.settings import Settings
+from worker.store.ports import TunedStore, WorkerStore
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from worker.broker.census import MessageCensus
-from worker.runtime.ports import WorkerStore
+from worker.store.ports import WorkerStore
 from worker.store.values import JobSpec
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from worker.errors import InvalidInput
 from worker.runtime.deliveries import Delivery, Holdings, Refusal
 from worker.runtime.forward import error_text
 from worker.runtime.outbox import Outbox, Settled
-from worker.runtime.ports import WorkerStore
 from worker.store.db import is_transient
+from worker.store.ports import WorkerStore
 from worker.store.values import JobSpec
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ from functools import partial
 from worker.runtime.deliveries import Delivery, Holdings, Refusal, ResultsToStore, StoreWork, TokenReport
 from worker.runtime.hooks import Hooks
 from worker.runtime.outbox import Outbox, Settled
-from worker.runtime.ports import WorkerStore
 from worker.runtime.refusals import Refusals
 from worker.store.db import is_transient, refused_text
+from worker.store.ports import WorkerStore
 from worker.store.values import ItemRecord, JobSpec
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from worker.runtime.ports import TunedStore
 from worker.settings import BatchingSettings
+from worker.store.ports import TunedStore
 
 log = logging.getLogger(__name__)
 

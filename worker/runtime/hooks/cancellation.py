@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from worker.runtime.deliveries import Holdings, Pack
 from worker.runtime.hooks import Hook, Run
-from worker.runtime.ports import WorkerStore
+from worker.store.ports import WorkerStore
 
 log = logging.getLogger(__name__)
 

@@ -1,18 +1,29 @@
-"""What the engine needs from the database, as two protocols: the result store (outcomes, refused jobs,
-token counts, cancellations, lost items) and the tuned-limits table.
+"""What a store backend provides, as three protocols: the result store as a worker's threads use it
+(outcomes, refused jobs, token counts, cancellations, lost items), the tuned-limits table, and the job
+records the jobs port reads and writes (worker/jobs.py).
 
-The SQL store (worker/store: ResultStore, TunedLimits) implements them, and so does the in-memory store of
-the tests (tests/support/memory_store.py), so the engine runs without servers. Plain values only: this
-module never imports SQL or a concrete store.
+The SQL store (ResultStore, TunedLimits: PostgreSQL or SQLite) implements them, and so does the in-memory
+store of the tests (tests/support/memory_store.py), so the engine runs without servers: a new backend
+implements these three. Plain values only: this module never imports SQL or a concrete store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from worker.store.values import BatchRecord, BatchWrite, ItemRecord, JobSpec, Stored, TokenCount
+from worker.store.api_keys import DEFAULT_TENANT
+from worker.store.values import (
+    BatchRecord,
+    BatchWrite,
+    ItemRecord,
+    JobSpec,
+    JobState,
+    JobStatus,
+    Stored,
+    TokenCount,
+)
 
 if TYPE_CHECKING:
     from worker.store.tuned import TunedRow
@@ -61,3 +72,33 @@ class TunedStore(Protocol):
     def rows(self, device_kind: str | None = None, model: str | None = None) -> list[TunedRow]: ...
 
     def record_out_of_memory(self, model: str, device_kind: str, size: int, worker: str) -> None: ...
+
+
+class JobRecords(Protocol):
+    """Where jobs live in SQL: worker.store.results.ResultStore, or the tests' MemoryStore."""
+
+    def create_job(
+        self,
+        spec: JobSpec,
+        *,
+        create_schema: bool = False,
+        state: JobState = JobState.QUEUED,
+        tenant: str = DEFAULT_TENANT,
+        metadata: Any = None,
+    ) -> bool: ...
+
+    def fail_job(self, job_id: str, error: str) -> None: ...
+
+    def cancel(self, job_id: str) -> bool: ...
+
+    def status(self, job_id: str, tenants: Collection[str] | None = None) -> JobStatus | None: ...
+
+    def results(self, job_id: str, after: int = -1, before: int | None = None) -> Iterator[ItemRecord]: ...
+
+    def result_lines(self, job_id: str, after: int = -1, limit: int | None = None) -> Iterator[bytes]: ...
+
+    def write_batch(
+        self, record: BatchRecord | None, outcomes: Sequence[ItemRecord], jobs: Sequence[JobSpec]
+    ) -> int: ...
+
+    def location(self) -> str: ...
