@@ -9,6 +9,7 @@ plan made again from the same file finds every line's results without any stored
 from __future__ import annotations
 
 import gc
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -120,14 +121,26 @@ def collection_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused while a file is read or its answers are made: its lines become
     hundreds of thousands of objects (and no cycles), and the full collections that so many allocations set
     off once took half of the time of checking a file, and of writing answers in an API process that holds
-    a plan. Collection resumes (if it ran before) afterwards."""
-    enabled = gc.isenabled()
-    gc.disable()
+    a plan. The collector is process-wide and several threads pause it at once (the API's checker and its
+    batch runner): it resumes when the last of them leaves, and only if it ran before the first came."""
+    global _pausers, _resume
+    with _pause_lock:
+        if _pausers == 0:
+            _resume = gc.isenabled()
+            gc.disable()
+        _pausers += 1
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        with _pause_lock:
+            _pausers -= 1
+            if _pausers == 0 and _resume:
+                gc.enable()
+
+
+_pause_lock = threading.Lock()
+_pausers = 0  # threads inside collection_paused now
+_resume = False  # whether the collector ran before the first of them paused it
 
 
 def _too_many(model: str, number: int, settings: Settings) -> LineError:

@@ -153,3 +153,44 @@ def test_a_range_of_lines_is_answered_from_its_models_items_mid_way() -> None:
     answers = list(answer_range(plan.lines[2:], {"noop": noop, "minilm": minilm}, "batch_y", "cancelled"))
     assert [(a.ok, orjson.loads(a.line)["custom_id"]) for a in answers] == [(True, "c"), (False, "d")]
     assert orjson.loads(answers[1].line)["response"]["status_code"] == 400
+
+
+def test_the_collector_resumes_when_the_last_pausing_thread_leaves() -> None:
+    """Two threads pause the process-wide collector and leave in the other order: it stays paused until the
+    second leaves, then runs again; one that was off before anyone paused it stays off."""
+    import gc
+    import threading
+
+    from worker.openai_compat.batchfile import collection_paused
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def first() -> None:
+        with collection_paused():
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(5)
+        with collection_paused():
+            second_in.set()
+            first_out.wait(5)
+            seen.append(gc.isenabled())  # the first left while this one is still inside
+
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert seen == [False] and gc.isenabled()
+        gc.disable()
+        with collection_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable() if was else gc.disable()
