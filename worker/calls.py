@@ -85,18 +85,7 @@ class NewJob:
     def fields(self) -> dict[str, Any]:
         """The keyword arguments of this job's messages but the inputs (and ``offset``, which is the first
         message's)."""
-        fields = {
-            "model": self.model,
-            "priority": self.priority,
-            "job_id": self.job_id,
-            "offset": self.offset,
-            "total": self.total,
-        }
-        if self.expires_at is not None:
-            fields["expires_at"] = self.expires_at
-        if self.created_at is not None:
-            fields["created_at"] = self.created_at
-        return fields
+        return _header(self)
 
     def message(self, start: int, size: int) -> InferMessage:
         """The message carrying ``inputs[start : start + size]`` (job indices ``offset + start`` on)."""
@@ -133,20 +122,26 @@ class InferMessage:
 
     def kwargs(self) -> dict[str, Any]:
         """The message's keyword arguments, as ``parse_message`` reads them back."""
-        kwargs: dict[str, Any] = {
-            "model": self.model,
-            "priority": self.priority,
-            "job_id": self.job_id,
-            "offset": self.offset,
-            "total": self.total,
-        }
-        if self.expires_at is not None:
-            kwargs["expires_at"] = self.expires_at
-        if self.created_at is not None:
-            kwargs["created_at"] = self.created_at
+        kwargs = _header(self)
         if self.indices is not None:
             kwargs["indices"] = list(self.indices)
         return {**kwargs, "inputs": list(self.inputs)}
+
+
+def _header(call: NewJob | InferMessage) -> dict[str, Any]:
+    """The keyword arguments every message of a job carries but its items (the same for both shapes)."""
+    header: dict[str, Any] = {
+        "model": call.model,
+        "priority": call.priority,
+        "job_id": call.job_id,
+        "offset": call.offset,
+        "total": call.total,
+    }
+    if call.expires_at is not None:
+        header["expires_at"] = call.expires_at
+    if call.created_at is not None:
+        header["created_at"] = call.created_at
+    return header
 
 
 def new_job(job_id: str, kwargs: Mapping[str, Any], settings: Settings) -> NewJob:
