@@ -68,16 +68,15 @@ class Checker:
         """Send a checked body's messages from the checking processes, a run of consecutive parts each, all at
         once (encoding a message is Python, one process at a time); SetupError if a process died."""
         pool = self._running_pool()
-        path = spool.path
-        futures = [
-            pool.submit(send_ranges, path, ranges, call, i == 0, self.settings)
-            for i, ranges in enumerate(spool.part_ranges(self.processes))
-        ]
-        wait(futures)  # every process has stopped sending before a failure is told
+        futures = []
         try:
+            for i, ranges in enumerate(spool.part_ranges(self.processes)):
+                futures.append(pool.submit(send_ranges, spool.path, ranges, call, i == 0, self.settings))
+            wait(futures)  # every process has stopped sending before a failure is told
             for future in futures:
                 future.result()
-        except BrokenProcessPool:
+        except BrokenProcessPool:  # broken before or while sending: no retry, a part may have been sent
+            wait(futures)
             self._drop(pool)
             raise SetupError(
                 "a process publishing an upload died: the job failed, send the body again"
