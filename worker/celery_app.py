@@ -57,9 +57,7 @@ def create_app(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
     )
     app.conf.broker_transport = (
-        "worker.celery_compat.kombu_seams:MemoryTransport"
-        if settings.embedded
-        else "worker.broker.transport:Transport"
+        "worker.celery_compat:MemoryTransport" if settings.embedded else "worker.broker.transport:Transport"
     )
     app.steps["consumer"].add("worker.runtime.consumer:BatchingStep")
     return app

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import states
 
-from worker.celery_compat.celery_seams import ReadOnlyBackend, meta
+from worker.celery_compat import ReadOnlyBackend, meta
 from worker.errors import JobFailed, JobNotFound
 from worker.store.values import JobState
 

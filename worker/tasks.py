@@ -33,9 +33,6 @@ _REFUSED_OPTIONS = {
 
 
 class InferTask(Task):
-    # The batching worker takes these messages through its own strategy, never as one task each.
-    Strategy = "worker.runtime.consumer:batching_strategy"
-
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
     ) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 from worker.broker.keys import Keys
 from worker.calls import TASK_NAME, InferMessage, NewJob
 from worker.celery_app import app
-from worker.celery_compat.celery_seams import publish_plainly
+from worker.celery_compat import publish_plainly
 from worker.settings import Settings
 
 # Set while an in-process worker runs (``batchwork run`` with no broker): only then may a producer publish

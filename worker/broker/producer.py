@@ -2,7 +2,7 @@
 job's record, in one Redis round trip.
 
 Celery's own publish path costs a producer about as much as the whole round trip here, so batchwork writes the
-same messages Celery would (protocol 2, any Celery worker can read them; worker/celery_compat/celery_seams.py)
+same messages Celery would (protocol 2, any Celery worker can read them; worker/celery_compat.py)
 straight to the queue lists. A job enqueued with ``record_job`` is known to Redis until a worker records it
 in SQL (see ``PendingJobs``). Nothing here checks a call: callers have.
 """
@@ -23,7 +23,7 @@ import redis
 
 from worker.broker.keys import Keys
 from worker.calls import TASK_NAME, NewJob
-from worker.celery_compat.celery_seams import task_message
+from worker.celery_compat import task_message
 from worker.errors import BrokerUnavailable, InvalidInput
 
 # A message stays under this many bytes of items (and at most BATCHWORK_SUBMIT_CHUNK_SIZE items), so one large

@@ -20,7 +20,7 @@ import orjson
 
 from worker.broker import scripts
 from worker.broker.keys import Keys
-from worker.celery_compat.kombu_seams import (
+from worker.celery_compat import (
     FanoutPoller,
     FetchingChannel,
     FetchingTransport,

@@ -1,7 +1,7 @@
-"""Where Celery meets the engine: a task strategy, the consumer bootstep, and the broker epoch.
+"""Where Celery meets the engine: the consumer bootstep and the broker epoch.
 
-Celery's default strategy would run each message as one task. Ours hands the raw message to the engine and
-leaves it unacknowledged until every item in it is stored. Nothing here runs models.
+Celery would run each message as one task. The bootstep has the consumer hand each raw infer message to the
+engine, which leaves it unacknowledged until every item in it is stored. Nothing here runs models.
 """
 
 from __future__ import annotations
@@ -9,16 +9,17 @@ from __future__ import annotations
 import logging
 import socket
 import uuid
+from functools import partial
 from typing import Any
 
 from celery import bootsteps
 from celery.exceptions import WorkerShutdown
 
+from worker import celery_compat
 from worker.batching.policy import PRIORITIES
 from worker.broker.census import MessageCensus
 from worker.broker.keys import Keys
-from worker.celery_compat import celery_seams
-from worker.runtime.deliveries import Message
+from worker.calls import TASK_NAME
 from worker.runtime.engine import Engine
 from worker.runtime.hooks import metrics
 from worker.runtime.hooks.journal import Journal
@@ -26,16 +27,6 @@ from worker.runtime.outbox import FetchThrottle, LeaseRenewal, Outbox
 from worker.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
-
-
-def batching_strategy(task: Any, app: Any, consumer: Any, **_options: Any) -> Any:
-    """Celery calls this once per task type; the handler it returns runs for every message."""
-
-    def on_message(message: Message, body: Any, ack: Any, reject: Any, callbacks: Any, **_: Any) -> None:
-        metrics.delivered(message)
-        consumer.batchwork_engine.accept(message)
-
-    return on_message
 
 
 class BrokerEpoch:
@@ -67,7 +58,7 @@ class BatchingStep(bootsteps.StartStopStep):
 
     # After the task consumer exists (its channel fetches and acks) and the event dispatcher too. Messages
     # reach the engine only once the event loop runs, after every step has started.
-    requires = celery_seams.AFTER_TASKS_AND_EVENTS
+    requires = celery_compat.AFTER_TASKS_AND_EVENTS
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         consumer.batchwork_engine = None
@@ -78,10 +69,11 @@ class BatchingStep(bootsteps.StartStopStep):
         self.epoch = None if self.redis is None else BrokerEpoch(self.redis, Keys.of(self.settings).epoch)
 
     def start(self, consumer: Any) -> None:
-        channel = celery_seams.task_channel(consumer)
-        self.outbox.attach(
-            celery_seams.event_loop(consumer), channel, lambda: celery_seams.event_dispatcher(consumer)
-        )
+        channel = celery_compat.task_channel(consumer)
+        dispatcher = partial(
+            celery_compat.event_dispatcher, consumer
+        )  # read at each send: a restart makes one
+        self.outbox.attach(celery_compat.event_loop(consumer), channel, dispatcher)
         engine = consumer.batchwork_engine
         if engine is None:
             engine = consumer.batchwork_engine = self._start_or_shut_down(consumer)
@@ -89,6 +81,7 @@ class BatchingStep(bootsteps.StartStopStep):
         if self.epoch is not None:
             self.epoch.check(engine)  # at a restart: did the broker lose its data?
         self._gate(channel, engine)
+        celery_compat.deliver_directly(consumer, TASK_NAME, engine.accept)
 
     def shutdown(self, consumer: Any) -> None:
         engine = consumer.batchwork_engine
@@ -182,7 +175,7 @@ class _CurrentChannel:
         self._consumer = consumer
 
     def renew_leases(self, tags: list[str]) -> None:
-        channel = celery_seams.task_channel(self._consumer)
+        channel = celery_compat.task_channel(self._consumer)
         if hasattr(channel, "renew_leases"):
             channel.renew_leases(tags)
 

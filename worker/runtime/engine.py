@@ -22,7 +22,7 @@ from worker.batching.scheduler import Scheduler
 from worker.broker.census import MessageCensus
 from worker.models.device import device_kind
 from worker.runtime.deliveries import Delivery, Holdings, Message
-from worker.runtime.hooks import Hook, Hooks
+from worker.runtime.hooks import Hook, Hooks, metrics
 from worker.runtime.hooks.cancellation import Cancellation
 from worker.runtime.hooks.deadlines import Deadlines
 from worker.runtime.hooks.journal import Journal, PoisonItems
@@ -123,6 +123,7 @@ class Engine:
 
     def accept(self, message: Message) -> None:
         """Called by the consumer for each message; must return at once."""
+        metrics.delivered(message)
         delivery = Delivery(message, self.clock())
         self.holdings.received(delivery)
         self.preparer.deliveries.put(delivery)

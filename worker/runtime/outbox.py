@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.celery_compat.kombu_seams import mark_acked
+from worker.celery_compat import mark_acked
 from worker.runtime.deliveries import Delivery, Holdings
 from worker.runtime.hooks.task_events import publish_events
 

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 import redis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -20,7 +21,9 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from tests.integration.processes import TEST_MODELS, service_env, workers
+from worker.calls import TASK_NAME
 from worker.celery_app import create_app
+from worker.celery_compat import task_message
 from worker.client import Client
 from worker.errors import InvalidInput
 from worker.settings import Settings
@@ -120,6 +123,22 @@ def test_raw_messages_cannot_stop_a_worker_or_touch_another_job(stack: Any) -> N
             assert_ended(store, task_id, kwargs, ordinary_id)
 
     check()
+
+
+@pytest.mark.slow
+def test_messages_of_no_batchwork_task_are_refused_and_the_worker_goes_on(stack: Any) -> None:
+    """Only batchwork.infer messages reach the engine; another task's, or one with no task header at all,
+    is refused by Celery's own handling (dropped, not left held) while batchwork's next job is served."""
+    app, store, broker = stack
+    app.send_task("someone.else", kwargs={"inputs": ["not ours"]})
+    envelope = orjson.loads(
+        task_message(TASK_NAME, str(uuid.uuid4()), QUEUES[1], b"{}", kwargsrepr="{}", origin="hostile")
+    )
+    broker.lpush(QUEUES[1], orjson.dumps({**envelope, "headers": {}}))
+    broker.lpush(QUEUES[1], orjson.dumps({**envelope, "headers": None}))
+    fine = app.send_task("batchwork.infer", kwargs={"model": ECHO, "inputs": ["still fine"]}).id
+    wait_idle(broker)
+    assert_fine(store, fine)
 
 
 def assert_fine(store: ResultStore, job_id: str) -> None:

@@ -15,8 +15,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from worker.celery_compat.celery_seams import send_in_bulk
-from worker.celery_compat.kombu_seams import register_encoder
+from worker.celery_compat import register_encoder, send_in_bulk
 from worker.runtime.deliveries import Delivery, Pack
 from worker.runtime.hooks import Admission, Hook, Run
 

@@ -1,8 +1,8 @@
-"""One contract test per private seam of worker/celery_compat/: each fails, naming the seam and the installed
-Celery or kombu version, when the private thing it relies on is gone or behaves differently.
+"""One contract test per private seam of worker/celery_compat.py: each fails, naming the seam and the
+installed Celery or kombu version, when the private thing it relies on is gone or behaves differently.
 
 The seams were read against the versions pinned in pyproject.toml (CHECKED_AGAINST); a new pin fails the
-first test until someone has read each module of worker/celery_compat/ against the new version. No services:
+first test until someone has read worker/celery_compat.py against the new version. No services:
 kombu's Redis classes are built without a server, Celery publishes to its in-memory broker.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import inspect
-import re
 import socket
 import time
 import tomllib
@@ -29,18 +28,22 @@ from kombu.asynchronous import Hub
 from kombu.message import Message
 from kombu.transport import redis as kombu_redis
 
-from worker.celery_compat.celery_seams import (
+from worker.celery_compat import (
     AFTER_TASKS_AND_EVENTS,
+    FanoutPoller,
+    HeldQoS,
     ReadOnlyBackend,
+    deliver_directly,
+    mark_acked,
     meta,
+    poll_again_after,
     publish_plainly,
     send_in_bulk,
     task_message,
 )
-from worker.celery_compat.kombu_seams import FanoutPoller, HeldQoS, mark_acked, poll_again_after
 
-ROOT = Path(__file__).resolve().parents[3]
-# The versions each seam below was read against. A new pin in pyproject.toml: re-read worker/celery_compat/
+ROOT = Path(__file__).resolve().parents[2]
+# The versions each seam below was read against. A new pin in pyproject.toml: re-read worker/celery_compat.py
 # against it, run these tests, then move these.
 CHECKED_AGAINST = {"celery": "5.6.3", "kombu": "5.7.0"}
 
@@ -55,9 +58,9 @@ def pinned(framework: str) -> str:
 
 
 @contextmanager
-def seam(section: str, framework: str, relies_on: str, home: str | None = None) -> Iterator[None]:
+def seam(section: str, framework: str, relies_on: str) -> Iterator[None]:
     """Turn any failure inside into one line naming the seam, what it relies on and the versions; the seam's
-    section is in worker/celery_compat/``home``_seams.py (the framework's own module unless named)."""
+    section in worker/celery_compat.py has the same name."""
     try:
         yield
     except Exception as exc:  # an assertion, a missing attribute, a changed signature: all mean the same
@@ -65,7 +68,7 @@ def seam(section: str, framework: str, relies_on: str, home: str | None = None) 
             f"celery_compat seam {section!r} relies on {relies_on} of {framework} (read against "
             f"{CHECKED_AGAINST[framework]}, pinned {pinned(framework)}, installed {version(framework)}), "
             f"and that changed: {type(exc).__name__}: {exc}. Read its section in "
-            f"worker/celery_compat/{home or framework}_seams.py.",
+            f"worker/celery_compat.py.",
             pytrace=False,
         )
 
@@ -78,8 +81,8 @@ def source(function: Any) -> str:
 def test_the_seams_were_read_against_the_pinned_versions(framework: str) -> None:
     assert pinned(framework) == CHECKED_AGAINST[framework], (
         f"pyproject.toml now pins {framework} {pinned(framework)}; the private seams in "
-        f"worker/celery_compat/ were read against {CHECKED_AGAINST[framework]}: re-read each module "
-        f"against the new version, run tests/unit/celery_compat/test_celery_compat.py, then update "
+        f"worker/celery_compat.py were read against {CHECKED_AGAINST[framework]}: re-read it "
+        f"against the new version, run tests/unit/test_celery_compat.py, then update "
         f"CHECKED_AGAINST"
     )
 
@@ -285,39 +288,62 @@ def test_celery_task_message_our_message_is_the_one_celery_writes() -> None:
 
 # -- celery: the consumer -------------------------------------------------------------------------------
 
-_STRATEGY_CALLS: list[tuple[Any, ...]] = []
+
+class _Consumer:
+    """What Celery's ``Consumer.create_task_handler`` reads of its consumer, recording what it is asked."""
+
+    def __init__(self) -> None:
+        self.strategies: dict[str, Any] = {}
+        self.unknown: list[Any] = []
+        self.on_unknown_message = self.on_unknown_task = self.on_invalid_task = self._unknown
+        self.on_task_message: set[Any] = set()
+        self.call_soon = None
+
+    def _unknown(self, _payload: Any, message: Any, *_: Any) -> None:
+        self.unknown.append(message)
+
+    def create_task_handler(self) -> Any:
+        from celery.worker.consumer import Consumer
+
+        return Consumer.create_task_handler(self)
 
 
-def _strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Any:
-    _STRATEGY_CALLS.append((task, app, consumer))
-    return lambda *args: None
+def _message(headers: Any) -> Message:
+    return Message(body=b"[[], {}, {}]", headers=headers, content_type="application/json")
 
 
-def test_celery_consumer_steps_strategy_and_attributes() -> None:
+def test_celery_consumer_steps_handler_and_attributes() -> None:
     from celery.utils.imports import symbol_by_name
+    from celery.worker import loops
     from celery.worker.consumer import Consumer
     from celery.worker.consumer.events import Events
     from celery.worker.consumer.tasks import Tasks
 
     with seam(
-        "the consumer", "celery", "the consumer's bootsteps by path, Task.Strategy, consumer attributes"
+        "the consumer", "celery", "the consumer's bootsteps by path, create_task_handler, consumer attributes"
     ):
         for path in AFTER_TASKS_AND_EVENTS:
             assert path in Consumer.Blueprint.default_steps
             assert symbol_by_name(path) in (Events, Tasks)
-        app = Celery("contract", broker="memory://", set_as_current=False)
-
-        class Batching(Task):
-            Strategy = f"{__name__}:_strategy"
-
-        @app.task(base=Batching, name="batchwork.strategy", bind=True)
-        def strategy_task(self: Task) -> None: ...
-
-        consumer = object()
-        strategy_task.start_strategy(app, consumer)
-        assert _STRATEGY_CALLS[-1] == (strategy_task, app, consumer)
-        # Each message: handler(message, payload, ack, reject, callbacks).
-        assert re.search(r"strategy\(\s*message,\s*payload,", source(Consumer.create_task_handler))
+        # Both loops ask the consumer for its handler when they start and give it every raw message.
+        for loop in (loops.asynloop, loops.synloop):
+            assert "= obj.create_task_handler()" in source(loop)
+            assert "consumer.on_message = on_task_received" in source(loop)
+        # Celery's handler takes the message alone; one of a task it does not know is refused as unknown.
+        consumer = _Consumer()
+        delivered: list[Any] = []
+        deliver_directly(consumer, "batchwork.contract", delivered.append)
+        deliver_directly(consumer, "batchwork.contract", delivered.append)  # a restart: the same, once
+        handler = consumer.create_task_handler()
+        ours, theirs, headless = (
+            _message({"task": "batchwork.contract"}),
+            _message({"task": "someone.else"}),
+            _message(None),
+        )
+        for message in (ours, theirs, headless):
+            handler(message)
+        assert delivered == [ours]
+        assert consumer.unknown == [theirs, headless]
         assert "c.task_consumer = " in source(Tasks.start)
         assert "c.event_dispatcher = " in source(Events.start)
         assert "self.hub = hub" in source(Consumer.__init__)
@@ -363,9 +389,9 @@ def test_kombu_memory_transport_a_wait_ends_soon_after_a_stop() -> None:
     from celery.worker import loops
 
     relies_on = "synloop's drain_events(timeout=2.0) between stop checks"
-    with seam("the in-memory transport", "celery", relies_on, home="kombu"):
+    with seam("the in-memory transport", "celery", relies_on):
         assert "connection.drain_events(timeout=2.0)" in source(loops.synloop)
-        connection = Connection("memory://", transport="worker.celery_compat.kombu_seams:MemoryTransport")
+        connection = Connection("memory://", transport="worker.celery_compat:MemoryTransport")
         try:
             channel = connection.channel()
             channel.basic_consume(f"contract-{uuid.uuid4()}", False, lambda m: None, "contract")
