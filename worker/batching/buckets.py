@@ -1,4 +1,5 @@
-"""One length bucket of a lane: items queued per job, taken in turns within N and a token budget.
+"""What the scheduler orders (an item waiting in a lane), and one length bucket of a lane: items queued per
+job, taken in turns within N and a token budget.
 
 Every operation costs O(items taken · log jobs), never a scan of the jobs held: a worker may hold tens of
 thousands of single-item jobs, and the scheduler runs under the lock the prepare thread also needs. Pure:
@@ -9,11 +10,25 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass
 from itertools import count
 from operator import attrgetter
+from typing import Any
 
-from worker.batching.items import Item
 from worker.batching.policy import LanePolicy
+
+LaneKey = tuple[str, str]  # (model, priority)
+
+
+# Not frozen: a frozen dataclass's __init__ costs several times a plain one, and the prepare thread makes one
+# Item per item received (a 200,000-item job makes 200,000). Nothing changes an Item after it is made.
+@dataclass(slots=True, unsafe_hash=True)
+class Item:
+    job_id: str
+    index: int
+    length: int  # cost in tokens (1 for models without a notion of length)
+    arrived: float  # clock reading when the item entered the worker
+    ref: Any = None  # the runtime's own handle (payload, message); opaque here
 
 
 class Bucket:

@@ -9,8 +9,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import replace
 
-from worker.batching.buckets import Bucket
-from worker.batching.items import Item, LaneKey
+from worker.batching.buckets import Bucket, Item, LaneKey
 from worker.batching.policy import LanePolicy
 
 

@@ -11,12 +11,45 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 
-from worker.batching.items import Batch, Item, LaneKey
+from worker.batching.buckets import Item, LaneKey
 from worker.batching.lanes import LaneQueue
 from worker.batching.policy import LanePolicy
 
 __all__ = ["Batch", "Item", "LaneKey", "Scheduler", "SizeLimit"]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    key: LaneKey  # (model, lane): the lane the batch came from
+    items: tuple[Item, ...]
+    formed_at: float
+
+    @property
+    def model(self) -> str:
+        return self.key[0]
+
+    @property
+    def lane(self) -> str:
+        """The lane's name (its priority), as everywhere else a lane is named."""
+        return self.key[1]
+
+    @property
+    def real_tokens(self) -> int:
+        return sum(map(_LENGTH, self.items))
+
+    @property
+    def padded_tokens(self) -> int:
+        return max(map(_LENGTH, self.items)) * len(self.items)
+
+    @property
+    def oldest_wait_s(self) -> float:
+        return self.formed_at - min(map(_ARRIVED, self.items))
+
+
+_LENGTH = attrgetter("length")
+_ARRIVED = attrgetter("arrived")
 
 
 class Scheduler:
