@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
 from bench import harness as h
+from tests.integration.tiny_gpt2 import _tokenizer
+from tests.support.batched_runs import Request, run_continuous
+from worker.models.registry import model_class
+from worker.settings import Settings
 
 PROMPT_TOKENS = (5, 200)
 NEW_TOKENS = (8, 256)
@@ -31,10 +39,6 @@ def random_checkpoint(name: str, seed: int, make: Callable[[Any], Any]) -> Path:
     zero, so greedy decoding never ends by EOS and max_new_tokens sets every length."""
 
     def build(directory: Path) -> None:
-        import torch
-
-        from tests.integration.tiny_gpt2 import _tokenizer
-
         tokenizer = _tokenizer()
         tokenizer.save_pretrained(directory)
         torch.manual_seed(seed)
@@ -48,8 +52,6 @@ def random_checkpoint(name: str, seed: int, make: Callable[[Any], Any]) -> Path:
 
 def llama(layers: int, width: int, seed: int) -> Path:
     def make(tokenizer: Any) -> Any:
-        from transformers import LlamaConfig, LlamaForCausalLM
-
         eos = tokenizer.eos_token_id
         return LlamaForCausalLM(LlamaConfig(
             vocab_size=len(tokenizer), hidden_size=width, intermediate_size=width * 11 // 4,
@@ -72,8 +74,6 @@ def draws(
 
 def workload(checkpoint: Path, count: int, seed: int) -> tuple[list[str], list[list[int]], list[int]]:
     """Prompt texts (random ids decoded), their ids as the tokenizer gives them back, max_new_tokens."""
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
     drawn = draws(count, len(tokenizer), tokenizer.eos_token_id, seed, PROMPT_TOKENS)
     texts = [tokenizer.decode(ids) for ids, _ in drawn]
@@ -104,9 +104,6 @@ def run_embedded(checkpoint: Path, texts: list[str], new: list[int], options: di
 
 def run_engine(checkpoint: Path, texts: list[str], new: list[int], options: dict, args: Any) -> Workload:
     """Our engine driven directly (as the worker's engine drives it, no queue), after a warm-up."""
-    from worker.models.registry import model_class
-    from worker.settings import Settings
-
     entry = f"generate:{checkpoint}"
     settings = Settings(models=[entry], model_options={entry: options})
     model: Any = model_class(entry, settings)(settings)
@@ -138,8 +135,6 @@ class Workload:
 
 def run_workload(engine: Any, prompts: Sequence[Any]) -> Workload:
     """A generate-kind engine (``CausalLM``) stepped through ``prompts`` (``Prompt``s), all queued at once."""
-    from tests.support.batched_runs import Request, run_continuous
-
     step_s, batch_sizes, ids = list[float](), list[int](), dict[Hashable, tuple[int, ...]]()
 
     class Recorded:
@@ -162,9 +157,6 @@ def run_workload(engine: Any, prompts: Sequence[Any]) -> Workload:
 
 
 def load_reference(checkpoint: Path, args: Any) -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM
-
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision, torch.float32)
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), local_files_only=True, dtype=dtype,
                                                  attn_implementation="sdpa")  # fmt: skip
@@ -173,9 +165,6 @@ def load_reference(checkpoint: Path, args: Any) -> Any:
 
 def run_transformers_cb(model: Any, ids: list[list[int]], new: list[int], budget: int, running: int) -> tuple:
     """transformers' continuous batching: the manager generate_batch uses, each request its own limit."""
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
     eos = model.config.eos_token_id
     config = GenerationConfig(do_sample=False, max_new_tokens=max(new), eos_token_id=eos, pad_token_id=eos)
     cb = ContinuousBatchingConfig(page_size=PAGE, num_blocks=budget // PAGE, max_requests_per_batch=running,
@@ -204,8 +193,6 @@ def run_generate(
 ) -> tuple[float, list[list[int]]]:
     """``generate`` over batches of ``batch`` in order, left-padded, each run to its longest max_new_tokens;
     each request keeps its own first max_new_tokens. batch=1: one request at a time."""
-    import torch
-
     pad, out, started = model.config.eos_token_id, list[list[int]](), time.monotonic()
     with torch.inference_mode():
         for start in range(0, len(ids), batch):
@@ -229,8 +216,6 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--skip-one-at-a-time", action="store_true")
     args = parser.parse_args()
-    import torch
-
     if args.threads:
         torch.set_num_threads(args.threads)
     checkpoint = llama(args.layers, args.width, args.seed)

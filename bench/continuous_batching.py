@@ -15,8 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
 from bench import harness as h
 from bench.causal_lm import NEW_TOKENS, Workload, draws, random_checkpoint, run_generate, run_workload
+from tests.integration.tiny_gpt2 import INITIALIZER_RANGE
 from worker.batching.sequences import pages_for
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.causal_lm.model import PAGE_TOKENS, CausalLM
@@ -33,10 +37,6 @@ KINDS = ("short", "long", "mixed", "prefill")
 
 def gpt2(a: argparse.Namespace) -> Path:
     def make(tokenizer: Any) -> Any:
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        from tests.integration.tiny_gpt2 import INITIALIZER_RANGE
-
         eos = tokenizer.eos_token_id
         return GPT2LMHeadModel(GPT2Config(n_layer=a.layers, n_head=a.heads, n_embd=a.width,
                                           n_positions=a.positions, vocab_size=max(a.vocab, len(tokenizer)),
@@ -108,8 +108,6 @@ def main() -> None:
     # One thread by default: with two intra-op threads on two busy cores a step waits for the slower one.
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
     a = p.parse_args()
-    import torch
-
     if a.threads:
         torch.set_num_threads(a.threads)
     checkpoint = gpt2(a)
@@ -172,8 +170,6 @@ def compare_workload(
 
 def reference_ids(checkpoint: Path, device: str, prompts: Sequence[Prompt]) -> list[list[int]]:
     """transformers' greedy ``generate``, one request at a time (bench.causal_lm's reference)."""
-    from transformers import GPT2LMHeadModel
-
     model = GPT2LMHeadModel.from_pretrained(str(checkpoint), local_files_only=True).to(device).eval()
     _, ids = run_generate(model, [list(p.token_ids) for p in prompts], [p.max_new_tokens for p in prompts], 1)
     return ids
