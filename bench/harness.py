@@ -49,14 +49,14 @@ class Stack:
     def env(self, **settings: Any) -> dict[str, str]:
         """A child's environment on these servers, with none of the caller's BATCHWORK_ settings."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("BATCHWORK_", "BENCH_"))}
-        env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **self._urls())
+        env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **self.urls())
         env["BATCHWORK_METRICS_PORT"] = "0"  # several workers on one host (and other benches beside them)
         for name, value in settings.items():
             key = name if name.startswith("BENCH_") else f"BATCHWORK_{name.upper()}"
             env[key] = value if isinstance(value, str) else json.dumps(value)
         return env
 
-    def _urls(self) -> dict[str, str]:  # BENCH_*: bench/baselines.py's
+    def urls(self) -> dict[str, str]:  # BENCH_*: bench/baselines.py's
         urls = {"BROKER_URL": self.broker_url, "DATABASE_URL": self.database_url}
         return {f"{prefix}_{k}": v for prefix in ("BATCHWORK", "BENCH") for k, v in urls.items()}
 
@@ -76,7 +76,7 @@ def stack() -> Iterator[Stack]:
         found = Stack(f"{redis_server.url}/0", postgres.url, create_engine(postgres.url))
         for name in [k for k in os.environ if k.startswith(("BATCHWORK_", "BENCH_"))]:
             del os.environ[name]
-        os.environ.update(found._urls())
+        os.environ.update(found.urls())
         from worker.store.schema import migrate
 
         migrate(found.database_url)
