@@ -1,12 +1,6 @@
-"""The HTTP API's overhead, side by side in one run on real Redis + PostgreSQL:
-
-1. submit: items/s of one large NDJSON body POSTed to `batchwork api` (to its 202, every message in
-   Redis) vs ``client.submit`` of the same items in this process (to its return). Runs alternate.
-2. poll: latency of ``GET /v1/jobs/{id}`` under many concurrent pollers (p50, p99, requests/s).
-
-No worker runs: both measure the front door, and the submitted jobs stay queued. Prints tables, never
-asserts; cleans up its Redis database, PostgreSQL schema and the API process. From the repository root:
-``python -m bench.api [--items 100000] [--repeats 3] [--pollers 50] [--polls 40]``; ``--auth 1,16``.
+"""The HTTP API's overhead, side by side on servers of the bench's own, no worker (bench/README.md): a large
+NDJSON POST to `batchwork api` vs ``client.submit`` of the same items, alternating, and ``GET /v1/jobs/{id}``
+under concurrent pollers; ``--auth 1,16`` instead: that GET with the key looked up per request vs from memory.
 """
 
 from __future__ import annotations
@@ -34,8 +28,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--polls", type=int, default=None, help="requests per poller (40; 300 with --auth)")
     p.add_argument("--auth", default="", metavar="POLLERS", help="instead: the key lookup's cost (e.g. 1,16)")
     p.add_argument("--rounds", type=int, default=3, help="--auth: rounds, alternating")
-    p.add_argument("--serve", choices=("lookup", "no-lookup"), help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, help=argparse.SUPPRESS)  # --serve's
+    p.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)  # --auth's servers: lookup|no-lookup PORT
     args = p.parse_args(argv)
     args.polls = args.polls or (300 if args.auth else 40)
     return args
@@ -44,7 +37,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.serve:
-        return serve(args.serve, args.port)
+        return serve(*args.serve)
     h.header("bench.api", args)
     with h.stack() as found:
         from worker.client import Client
@@ -62,15 +55,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         api = h.api(found, port, **limits)
         api.wait_ready()
         job_id = submit_section(args, f"http://127.0.0.1:{port}", key, api)
-        latencies, wall = _poll(port, key, job_id, args.pollers, args.polls)
+        latencies, wall = poll(port, key, job_id, args.pollers, args.polls)
         print(f"\n2. GET /v1/jobs/{{id}} under {args.pollers} concurrent pollers, {args.polls} requests each")
-        row = (len(latencies), *_ms(latencies, 50, 99, 100), f"{len(latencies) / wall:,.0f}")
-        h.print_table(("requests", "p50 ms", "p99 ms", "max ms", "requests/s"), [row])
+        ms = [f"{h.percentile(latencies, q) * 1000:.1f}" for q in (50, 99, 100)]
+        h.print_table(("requests", "p50 ms", "p99 ms", "max ms", "requests/s"),
+                      [(len(latencies), *ms, f"{len(latencies) / wall:,.0f}")])  # fmt: skip
         h.print_problems([api])
-
-
-def _ms(latencies: list[float], *percentiles: float) -> list[str]:
-    return [f"{h.percentile(latencies, q) * 1000:.1f}" for q in percentiles]
 
 
 def submit_section(args: argparse.Namespace, url: str, key: str, api: h.Proc) -> str:
@@ -82,9 +72,8 @@ def submit_section(args: argparse.Namespace, url: str, key: str, api: h.Proc) ->
     body = b"".join(orjson.dumps(item) + b"\n" for item in inputs)
     client = Client()
     http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=600)
-    ndjson = {"Content-Type": "application/x-ndjson"}
-    # Wall and CPU seconds of the path's own processes: this one for client.submit; the API and its checking
-    # processes for the POST (Redis and PostgreSQL are left out of both). On a loaded machine CPU moves less.
+    # Wall and CPU seconds of each path's own processes: this one for client.submit; the API and its checking
+    # processes for the POST (Redis and PostgreSQL left out of both). On a loaded machine CPU moves less.
     runs: dict[str, list[tuple[float, float]]] = {"POST /v1/jobs (NDJSON)": [], "client.submit": []}
     job_id = ""
     for _ in range(args.repeats):
@@ -92,7 +81,8 @@ def submit_section(args: argparse.Namespace, url: str, key: str, api: h.Proc) ->
         client.submit(MODEL, inputs)
         runs["client.submit"].append((time.perf_counter() - started, time.process_time() - cpu))
         started, cpu = time.perf_counter(), h.group_cpu_s(api.pid)
-        answer = http.post("/v1/jobs", params={"model": MODEL}, content=body, headers=ndjson)
+        answer = http.post("/v1/jobs", params={"model": MODEL}, content=body,
+                           headers={"Content-Type": "application/x-ndjson"})  # fmt: skip
         runs["POST /v1/jobs (NDJSON)"].append((time.perf_counter() - started, h.group_cpu_s(api.pid) - cpu))
         if answer.status_code != 202:
             raise RuntimeError(f"the API refused the submit: {answer.status_code} {answer.text}")
@@ -108,15 +98,15 @@ def submit_section(args: argparse.Namespace, url: str, key: str, api: h.Proc) ->
     return job_id
 
 
-def _poll(port: int, key: str, job_id: str, pollers: int, polls: int) -> tuple[list[float], float]:
+def poll(port: int, key: str, job_id: str, pollers: int, polls: int) -> tuple[list[float], float]:
     """Each poller one keep-alive connection, warmed first (connected, the API's key cache filled)."""
     get = ("GET", f"/v1/jobs/{job_id}", None, {"Authorization": f"Bearer {key}"})
     latencies, wall, _ = h.http_clients(port, pollers, polls, lambda client, i: get, warm=True)
     return latencies, wall
 
 
-def serve(variant: str, port: int) -> None:
-    """One API process (the bench starts two): as shipped, or with the key found without the store."""
+def serve(variant: str, port: str) -> None:
+    """One API process of --auth's two: as shipped, or with the key found without the store."""
     import uvicorn
 
     from api.app import create_app
@@ -126,7 +116,7 @@ def serve(variant: str, port: int) -> None:
     if variant == "no-lookup":
         keys = app.state.backend.keys.all()
         app.dependency_overrides[caller] = lambda: keys[0]
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="info", access_log=False)
+    uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="info", access_log=False)
 
 
 def auth_section(args: argparse.Namespace, found: h.Stack, key: str) -> None:
@@ -139,20 +129,18 @@ def auth_section(args: argparse.Namespace, found: h.Stack, key: str) -> None:
     Client().store.create_job(JobSpec(job_id, "noop", "normal", 1), tenant="bench")
     ports = {"lookup": free_port(), "no lookup": free_port()}
     for name, port in ports.items():
-        argv = h.python("bench.api", "--serve", name.replace(" ", "-"), "--port", str(port))
+        argv = h.python("bench.api", "--serve", name.replace(" ", "-"), str(port))
         h.Proc(argv, found.env(api_check_processes="0"), name, h.UVICORN_READY).wait_ready()
     for pollers in (int(p) for p in args.auth.split(",")):
         runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ports}  # p50, p99 ms, rate
         for _ in range(args.rounds):
             for name, port in ports.items():
-                latencies, wall = _poll(port, key, job_id, pollers, args.polls)
+                latencies, wall = poll(port, key, job_id, pollers, args.polls)
                 runs[name].append(
                     (*(h.percentile(latencies, q) * 1000 for q in (50, 99)), len(latencies) / wall)
                 )
-        medians = {
-            name: [statistics.median(column) for column in zip(*rows, strict=True)]
-            for name, rows in runs.items()
-        }
+        medians = {name: [statistics.median(column) for column in zip(*rows, strict=True)]
+                   for name, rows in runs.items()}  # fmt: skip
         print(f"\nGET /v1/jobs/{{id}}: {pollers} pollers x {args.polls} requests, {args.rounds} rounds")
         rows = [(name, f"{m[0]:.2f}", f"{m[1]:.2f}", f"{m[2]:,.0f}") for name, m in medians.items()]
         h.print_table(("key", "p50 ms", "p99 ms", "requests/s"), rows)

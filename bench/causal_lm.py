@@ -1,13 +1,6 @@
-"""The generate kind against transformers on one workload, side by side in one run: batchwork's embedded run
-(``batchwork run --model generate:/dir``) and its engine driven directly, transformers' own continuous
-batching (the ContinuousBatchingManager behind ``generate_batch``, one request per add_request so each keeps
-its max_new_tokens, an explicit ContinuousBatchingConfig sized for the same KV budget), ``generate`` one
-request at a time, and ``generate`` over fixed static batches (left-padded, each run to its longest).
-
-The model is a random Llama-shaped checkpoint built in the temp dir (reused by later runs); greedy; EOS is
-never chosen (its head row is zero), so max_new_tokens sets every length. It prints tokens/s and the ratios,
-never asserts and never downloads. Run from the repository root:
-``python -m bench.causal_lm [--requests 64] [--device cpu|cuda] [--precision fp32|bf16]``.
+"""The generate kind against transformers on one workload, side by side (bench/README.md, "bench.causal_lm"):
+``batchwork run`` all in and its engine driven directly vs transformers' continuous batching, ``generate``
+over static batches and one at a time; a random Llama-shaped checkpoint, greedy. Tokens/s and ratios.
 """
 
 from __future__ import annotations
@@ -16,102 +9,108 @@ import json
 import math
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
 from bench import harness as h
+from tests.integration.tiny_gpt2 import _tokenizer
+from tests.support.batched_runs import Request, run_continuous
+from worker.models.registry import model_class
+from worker.settings import Settings
 
 PROMPT_TOKENS = (5, 200)
 NEW_TOKENS = (8, 256)
 PAGE = 16
 
 
-def checkpoint_for(layers: int, width: int, seed: int) -> Path:
-    build = lambda d: build_checkpoint(d, layers, width, seed)  # noqa: E731
-    return h.cached_checkpoint(f"batchwork-bench-llama-{layers}x{width}-s{seed}", build)
+def random_checkpoint(name: str, seed: int, make: Callable[[Any], Any]) -> Path:
+    """``make(tokenizer)``'s model with the tests' tiny BPE, built once in the temp dir; its EOS head row is
+    zero, so greedy decoding never ends by EOS and max_new_tokens sets every length."""
+
+    def build(directory: Path) -> None:
+        tokenizer = _tokenizer()
+        tokenizer.save_pretrained(directory)
+        torch.manual_seed(seed)
+        model = make(tokenizer).eval()
+        with torch.no_grad():
+            model.get_output_embeddings().weight[tokenizer.eos_token_id].zero_()
+        model.save_pretrained(directory)
+
+    return h.cached_checkpoint(name, build)
 
 
-def build_checkpoint(directory: Path, layers: int, width: int, seed: int) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama(layers: int, width: int, seed: int) -> Path:
+    def make(tokenizer: Any) -> Any:
+        eos = tokenizer.eos_token_id
+        return LlamaForCausalLM(LlamaConfig(
+            vocab_size=len(tokenizer), hidden_size=width, intermediate_size=width * 11 // 4,
+            num_hidden_layers=layers, num_attention_heads=width // 64, num_key_value_heads=width // 64,
+            max_position_embeddings=1024, initializer_range=0.1, bos_token_id=eos, eos_token_id=eos,
+            pad_token_id=eos))  # fmt: skip
 
-    from tests.integration.tiny_gpt2 import _tokenizer
+    return random_checkpoint(f"batchwork-bench-llama-{layers}x{width}-s{seed}", seed, make)
 
-    tokenizer = _tokenizer()
-    tokenizer.save_pretrained(directory)
-    eos = tokenizer.eos_token_id
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=width * 11 // 4,
-                         num_hidden_layers=layers, num_attention_heads=width // 64,
-                         num_key_value_heads=width // 64, max_position_embeddings=1024, initializer_range=0.1,
-                         bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight[tokenizer.eos_token_id].zero_()
-    model.save_pretrained(directory)
+
+def draws(
+    count: int, vocab: int, eos: int, seed: int, prompt_tokens: tuple[int, int]
+) -> list[tuple[list, int]]:
+    """Seeded prompts of random token ids (never EOS) and max_new_tokens log-uniform over NEW_TOKENS."""
+    rng, tokens = random.Random(seed), [t for t in range(vocab) if t != eos]
+    low, high = math.log(NEW_TOKENS[0]), math.log(NEW_TOKENS[1])
+    return [(rng.choices(tokens, k=rng.randint(*prompt_tokens)), round(math.exp(rng.uniform(low, high))))
+            for _ in range(count)]  # fmt: skip
 
 
 def workload(checkpoint: Path, count: int, seed: int) -> tuple[list[str], list[list[int]], list[int]]:
-    """Prompt texts (random token ids decoded), their token ids as the tokenizer gives them back, and
-    max_new_tokens log-uniform over 8-256."""
-    from transformers import AutoTokenizer
-
+    """Prompt texts (random ids decoded), their ids as the tokenizer gives them back, max_new_tokens."""
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
-    rng = random.Random(seed)
-    vocab = [t for t in range(len(tokenizer)) if t != tokenizer.eos_token_id]
-    texts, ids, new = [], [], []
-    low, high = math.log(NEW_TOKENS[0]), math.log(NEW_TOKENS[1])
-    for _ in range(count):
-        text = tokenizer.decode(rng.choices(vocab, k=rng.randint(*PROMPT_TOKENS)))
-        texts.append(text)
-        ids.append(tokenizer(text)["input_ids"])
-        new.append(round(math.exp(rng.uniform(low, high))))
-    return texts, ids, new
+    drawn = draws(count, len(tokenizer), tokenizer.eos_token_id, seed, PROMPT_TOKENS)
+    texts = [tokenizer.decode(ids) for ids, _ in drawn]
+    return texts, [tokenizer(text)["input_ids"] for text in texts], [new for _, new in drawn]
 
 
-def run_embedded(checkpoint: Path, texts: list[str], new: list[int], budget: int, args: Any) -> tuple:
+def run_embedded(checkpoint: Path, texts: list[str], new: list[int], options: dict, args: Any) -> tuple:
     """``batchwork run`` end to end (process start and model load included): seconds and tokens."""
-    work = Path(tempfile.mkdtemp(prefix="batchwork-bench-run-"))
-    lines = (json.dumps({"prompt": t, "max_new_tokens": n}) + "\n" for t, n in zip(texts, new, strict=True))
-    (work / "in.jsonl").write_text("".join(lines))
     entry = f"generate:{checkpoint}"
-    options = {entry: {"kv_budget_tokens": budget, "max_running": args.running, "precision": args.precision}}
-    env = {**os.environ, "BATCHWORK_MODEL_OPTIONS": json.dumps(options), "BATCHWORK_DEVICE": args.device,
-           "OMP_NUM_THREADS": str(args.threads or os.cpu_count()), "HF_HUB_OFFLINE": "1"}  # fmt: skip
-    batchwork = str(Path(sys.executable).parent / "batchwork")
-    command = [batchwork, "run", "in.jsonl", "-m", entry, "-o", "out.jsonl"]
-    started = time.monotonic()
-    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, check=False)
-    elapsed = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"batchwork run failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-    rows = [json.loads(line) for line in (work / "out.jsonl").read_text().splitlines()]
-    shutil.rmtree(work, ignore_errors=True)
+    env = {**os.environ, "BATCHWORK_MODEL_OPTIONS": json.dumps({entry: options}), "HF_HUB_OFFLINE": "1",
+           "BATCHWORK_DEVICE": args.device,
+           "OMP_NUM_THREADS": str(args.threads or os.cpu_count())}  # fmt: skip
+    command = [str(Path(sys.executable).parent / "batchwork"), "run", "in.jsonl", "-m", entry, "-o",
+               "out.jsonl"]  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="batchwork-bench-run-") as work:
+        lines = [
+            json.dumps({"prompt": t, "max_new_tokens": n}) + "\n" for t, n in zip(texts, new, strict=True)
+        ]
+        (Path(work) / "in.jsonl").write_text("".join(lines))
+        started = time.monotonic()
+        done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, check=False)
+        elapsed = time.monotonic() - started
+        if done.returncode != 0:
+            raise SystemExit(f"batchwork run failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        rows = [json.loads(line) for line in (Path(work) / "out.jsonl").read_text().splitlines()]
     return elapsed, sum(row["output"]["tokens"] for row in rows if row.get("output"))
 
 
-def run_engine(checkpoint: Path, texts: list[str], new: list[int], budget: int, args: Any) -> Workload:
+def run_engine(checkpoint: Path, texts: list[str], new: list[int], options: dict, args: Any) -> Workload:
     """Our engine driven directly (as the worker's engine drives it, no queue), after a warm-up."""
-    from worker.models.registry import model_class
-    from worker.settings import Settings
-
     entry = f"generate:{checkpoint}"
-    options = {entry: {"kv_budget_tokens": budget, "max_running": args.running, "precision": args.precision}}
-    settings = Settings(models=[entry], model_options=options)
+    settings = Settings(models=[entry], model_options={entry: options})
     model: Any = model_class(entry, settings)(settings)
     model.load(args.device)
-    items = [{"prompt": t, "max_new_tokens": n} for t, n in zip(texts, new, strict=True)]
-    prompts = [
-        p.payload for p in model.prepare([model.validate(i, x, settings) for i, x in enumerate(items)])
-    ]
+    items = [model.validate(i, {"prompt": t, "max_new_tokens": n}, settings)
+             for i, (t, n) in enumerate(zip(texts, new, strict=True))]  # fmt: skip
+    prompts = [prepared.payload for prepared in model.prepare(items)]
     run_workload(model, prompts[:2])  # warm-up, untimed
     run = run_workload(model, prompts)
     print(f"  (engine: {model.preemptions} preemptions)")
@@ -136,8 +135,6 @@ class Workload:
 
 def run_workload(engine: Any, prompts: Sequence[Any]) -> Workload:
     """A generate-kind engine (``CausalLM``) stepped through ``prompts`` (``Prompt``s), all queued at once."""
-    from tests.support.batched_runs import Request, run_continuous
-
     step_s, batch_sizes, ids = list[float](), list[int](), dict[Hashable, tuple[int, ...]]()
 
     class Recorded:
@@ -160,9 +157,6 @@ def run_workload(engine: Any, prompts: Sequence[Any]) -> Workload:
 
 
 def load_reference(checkpoint: Path, args: Any) -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM
-
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision, torch.float32)
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), local_files_only=True, dtype=dtype,
                                                  attn_implementation="sdpa")  # fmt: skip
@@ -171,9 +165,6 @@ def load_reference(checkpoint: Path, args: Any) -> Any:
 
 def run_transformers_cb(model: Any, ids: list[list[int]], new: list[int], budget: int, running: int) -> tuple:
     """transformers' continuous batching: the manager generate_batch uses, each request its own limit."""
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
     eos = model.config.eos_token_id
     config = GenerationConfig(do_sample=False, max_new_tokens=max(new), eos_token_id=eos, pad_token_id=eos)
     cb = ContinuousBatchingConfig(page_size=PAGE, num_blocks=budget // PAGE, max_requests_per_batch=running,
@@ -194,8 +185,7 @@ def run_transformers_cb(model: Any, ids: list[list[int]], new: list[int], budget
         elif result is None and not manager.is_running():
             raise SystemExit("transformers' continuous batching stopped early")
     manager.stop(block=True)
-    elapsed = time.monotonic() - started
-    return elapsed, [list(results[str(i)].generated_tokens) for i in range(len(ids))]
+    return time.monotonic() - started, [list(results[str(i)].generated_tokens) for i in range(len(ids))]
 
 
 def run_generate(
@@ -203,8 +193,6 @@ def run_generate(
 ) -> tuple[float, list[list[int]]]:
     """``generate`` over batches of ``batch`` in order, left-padded, each run to its longest max_new_tokens;
     each request keeps its own first max_new_tokens. batch=1: one request at a time."""
-    import torch
-
     pad, out, started = model.config.eos_token_id, list[list[int]](), time.monotonic()
     with torch.inference_mode():
         for start in range(0, len(ids), batch):
@@ -228,14 +216,13 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--skip-one-at-a-time", action="store_true")
     args = parser.parse_args()
-    import torch
-
     if args.threads:
         torch.set_num_threads(args.threads)
-    checkpoint = checkpoint_for(args.layers, args.width, args.seed)
+    checkpoint = llama(args.layers, args.width, args.seed)
     texts, ids, new = workload(checkpoint, args.requests, args.seed)
     # The KV budget: every running sequence's worst case, so neither side preempts or waits for cache.
     budget = args.running * (-(-(PROMPT_TOKENS[1] + 2 * NEW_TOKENS[1]) // PAGE) * PAGE)
+    options = {"kv_budget_tokens": budget, "max_running": args.running, "precision": args.precision}
     print(f"Llama-shaped random model: {args.layers} layers, hidden {args.width}, {args.width // 64} heads; "
           f"{args.device} {args.precision}, torch threads {torch.get_num_threads()}; {len(ids)} requests, "
           f"prompts {min(map(len, ids))}-{max(map(len, ids))} tokens, max_new_tokens {min(new)}-{max(new)} "
@@ -252,9 +239,8 @@ def main() -> None:
 
     RUN, ENGINE = "batchwork run (embedded, all in)", "batchwork engine"
     CB, ONE = "transformers continuous batching", "generate, one at a time"
-    report(RUN, *run_embedded(checkpoint, texts, new, budget, args))
-    engine = run_engine(checkpoint, texts, new, budget, args)
-    ours = engine.ids
+    report(RUN, *run_embedded(checkpoint, texts, new, options, args))
+    ours = (engine := run_engine(checkpoint, texts, new, options, args)).ids
     report(ENGINE, engine.wall_s, sum(map(len, ours)))
     seconds, theirs = run_transformers_cb(load_reference(checkpoint, args), ids, new, budget, args.running)
     report(CB, seconds, sum(map(len, theirs)))

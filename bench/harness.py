@@ -1,8 +1,6 @@
-"""What the benches share: a Redis and a PostgreSQL of the bench's own (tests/support/services.py, as the
-integration tests start them), batchwork processes, CPU meters, result rows read back, printed tables.
-
-A bench never touches a server it did not start. Worker modules are imported only once ``stack`` has
-pointed this process's BATCHWORK_* settings at those servers (settings are read once).
+"""What the benches share: servers of their own (tests/support/services.py), batchwork processes, a CPU meter,
+rows read back, the seeded corpus and printed tables. A bench never touches a server it did not start, and
+imports worker modules only once ``stack`` has set BATCHWORK_* (settings are read once).
 """
 
 from __future__ import annotations
@@ -36,15 +34,10 @@ from tests.support.services import PostgresServer, RedisServer
 ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.02  # a phase's end is seen within 20 ms
 # Celery logs "celery@host ready." right before its consumer loop; `batchwork api` logs uvicorn's line.
-CELERY_READY = re.compile(r"@\S+ ready\.")
-UVICORN_READY = re.compile(r"Uvicorn running on")
+CELERY_READY, UVICORN_READY = re.compile(r"@\S+ ready\."), re.compile(r"Uvicorn running on")
 PROBLEM = re.compile(r": (WARNING|ERROR|CRITICAL)/|Traceback|Error:")
-
 _started: list[Proc] = []
-_servers: dict[str, int] = {}  # the running stack's redis-server and postmaster pids, for CpuMeter
-
-
-# -- services ------------------------------------------------------------------------------------------
+_servers: dict[str, int] = {}  # the stack's redis-server and postmaster pids, for CpuMeter
 
 
 @dataclass
@@ -54,16 +47,18 @@ class Stack:
     db: Engine
 
     def env(self, **settings: Any) -> dict[str, str]:
-        """The environment of a child process on these servers: no BATCHWORK_ setting of the caller's."""
+        """A child's environment on these servers, with none of the caller's BATCHWORK_ settings."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("BATCHWORK_", "BENCH_"))}
-        env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        env.update(BATCHWORK_BROKER_URL=self.broker_url, BATCHWORK_DATABASE_URL=self.database_url)
-        env.update(BENCH_BROKER_URL=self.broker_url, BENCH_DATABASE_URL=self.database_url)
+        env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **self.urls())
         env["BATCHWORK_METRICS_PORT"] = "0"  # several workers on one host (and other benches beside them)
         for name, value in settings.items():
             key = name if name.startswith("BENCH_") else f"BATCHWORK_{name.upper()}"
             env[key] = value if isinstance(value, str) else json.dumps(value)
         return env
+
+    def urls(self) -> dict[str, str]:  # BENCH_*: bench/baselines.py's
+        urls = {"BROKER_URL": self.broker_url, "DATABASE_URL": self.database_url}
+        return {f"{prefix}_{k}": v for prefix in ("BATCHWORK", "BENCH") for k, v in urls.items()}
 
     def truncate(self, *tables: str) -> None:
         with self.db.begin() as conn:
@@ -72,18 +67,16 @@ class Stack:
 
 @contextmanager
 def stack() -> Iterator[Stack]:
-    """A redis-server and a migrated PostgreSQL of this run's own; workers started meanwhile stop with it."""
+    """A redis-server and a migrated PostgreSQL of the run's own; processes started meanwhile stop with it."""
     settings = sys.modules.get("worker.settings")
     if settings is not None and settings.get_settings.cache_info().currsize:
         raise RuntimeError("worker settings were read before the bench set BATCHWORK_* (they are read once)")
     signal.signal(signal.SIGTERM, _interrupt)
     with RedisServer() as redis_server, PostgresServer() as postgres:
-        broker_url = f"{redis_server.url}/0"
-        found = Stack(broker_url, postgres.url, create_engine(postgres.url))
+        found = Stack(f"{redis_server.url}/0", postgres.url, create_engine(postgres.url))
         for name in [k for k in os.environ if k.startswith(("BATCHWORK_", "BENCH_"))]:
             del os.environ[name]
-        os.environ.update(BATCHWORK_BROKER_URL=found.broker_url, BATCHWORK_DATABASE_URL=found.database_url)
-        os.environ.update(BENCH_BROKER_URL=found.broker_url, BENCH_DATABASE_URL=found.database_url)
+        os.environ.update(found.urls())
         from worker.store.schema import migrate
 
         migrate(found.database_url)
@@ -104,12 +97,9 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-# -- processes -----------------------------------------------------------------------------------------
-
-
 class Proc:
-    """A command in its own process group (stopping it stops a prefork pool too); its log lines are kept
-    and the wall time of its ready line noted."""
+    """A command in its own process group (stopping it stops a prefork pool too), its log kept and the wall
+    time of its ready line noted."""
 
     def __init__(self, argv: Sequence[str], env: dict[str, str], name: str, ready: re.Pattern[str]):
         self.name, self.ready_at, self.log = name, 0.0, list[str]()
@@ -137,13 +127,6 @@ class Proc:
                 raise RuntimeError(f"{self.name} did not start (exit {self.proc.poll()}):\n{tail}")
         return self.ready_at
 
-    def problems(self) -> list[str]:
-        """Log lines at WARNING or above, and traceback lines (not Celery's bare stderr lines)."""
-        return [
-            line for line in self.log
-            if PROBLEM.search(line) and not (line.rstrip().endswith("]") and line.lstrip().startswith("["))
-        ]  # fmt: skip
-
     def stop(self, timeout_s: float = 30) -> None:
         if self.proc.poll() is None:
             self._signal(signal.SIGTERM)
@@ -169,8 +152,8 @@ def worker(found: Stack, name: str, *, extra: Sequence[str] = (), **settings: An
     """`batchwork worker` on the stack, with BATCHWORK_* ``settings`` (and ``extra``: NAME=VALUE pairs)."""
     env = found.env(**settings)
     env.update({f"BATCHWORK_{k.upper()}": v for k, v in (pair.split("=", 1) for pair in extra)})
-    return Proc(python("worker.cli", "worker", "--loglevel=INFO", "--hostname", f"{name}@bench"), env, name,
-                CELERY_READY)  # fmt: skip
+    argv = python("worker.cli", "worker", "--loglevel=INFO", "--hostname", f"{name}@bench")
+    return Proc(argv, env, name, CELERY_READY)
 
 
 def api(found: Stack, port: int, **settings: Any) -> Proc:
@@ -178,14 +161,14 @@ def api(found: Stack, port: int, **settings: Any) -> Proc:
 
 
 def print_problems(procs: Sequence[Proc], limit: int = 20) -> None:
+    """Each process's log lines at WARNING or above and traceback lines (not Celery's bare stderr lines)."""
     for proc in procs:
-        lines = proc.problems()
+        lines = [line for line in proc.log if PROBLEM.search(line)
+                 and not (line.rstrip().endswith("]") and line.lstrip().startswith("["))]  # fmt: skip
         print(f"  {proc.name}: {len(lines)} warning/error lines" + (":" if lines else ""))
         for line in lines[:limit]:
             print(f"    {line[:300]}")
 
-
-# -- HTTP clients ----------------------------------------------------------------------------------------
 
 Request = tuple[str, str, bytes | None, dict[str, str]]  # method, path, body, headers
 
@@ -194,9 +177,8 @@ def http_clients(
     port: int, clients: int, calls: int, request: Callable[[int, int], Request], warm: bool = False
 ) -> tuple[list[float], float, float]:
     """``clients`` threads, each one keep-alive connection sending ``request(client, i)`` for i < ``calls``,
-    all started together (with ``warm``, after one untimed ``request(client, -1)`` each: connected, caches
-    warm). The stdlib client, not httpx: httpx's async pool spent more CPU per request than the API itself
-    here. Every latency, sorted; the wall time; the epoch time they started. A non-200 answer raises."""
+    started together (``warm``: after one untimed ``request(client, -1)`` each). The stdlib client: httpx's
+    pool spent more CPU per request than the API itself. Sorted latencies, wall time, epoch start."""
     start = threading.Barrier(clients + 1)
 
     def client(number: int) -> list[float]:
@@ -226,25 +208,17 @@ def http_clients(
     return latencies, time.perf_counter() - began, started
 
 
-# -- CPU -----------------------------------------------------------------------------------------------
-
-
 class CpuMeter:
-    """CPU used while a block runs, in cores: by this process (bench), by the given process groups
-    (workers), by everyone else (others: the whole machine less those two, so PostgreSQL, Redis and on a
-    shared box the noise), and of those others by redis-server, postgres and the rest."""
+    """CPU used while a block runs, in cores: by this process (bench), the given process groups (workers),
+    everyone else (others: the machine less those two) and of those others redis-server, postgres, rest."""
 
     def __init__(self, *procs: Proc) -> None:
         self.procs, self.cores, self.seconds = procs, dict[str, float](), dict[str, float]()
 
     def _sample(self) -> dict[str, float]:
-        return {
-            "bench": time.process_time(),
-            "workers": sum(group_cpu_s(p.pid) for p in self.procs),
-            "machine": machine_busy_s(),
-            "redis": server_cpu_s("redis"),
-            "postgres": server_cpu_s("postgres"),
-        }
+        return {"bench": time.process_time(), "workers": sum(group_cpu_s(p.pid) for p in self.procs),
+                "machine": machine_busy_s(), "redis": server_cpu_s("redis"),
+                "postgres": server_cpu_s("postgres")}  # fmt: skip
 
     def __enter__(self) -> CpuMeter:
         self._wall, self._before = time.monotonic(), self._sample()
@@ -255,8 +229,7 @@ class CpuMeter:
         used = {key: value - self._before[key] for key, value in self._sample().items()}
         used["others"] = used.pop("machine") - used["bench"] - used["workers"]
         used["rest"] = used["others"] - used["redis"] - used["postgres"]
-        self.seconds = used
-        self.cores = {key: value / wall for key, value in used.items()}
+        self.seconds, self.cores = used, {key: value / wall for key, value in used.items()}
 
 
 def machine_busy_s() -> float:
@@ -272,8 +245,7 @@ def group_cpu_s(pgid: int) -> float:
 
 
 def server_cpu_s(name: str) -> float:
-    """CPU seconds so far of the stack's own redis-server or PostgreSQL (the postmaster and its backends),
-    never another server on a shared box."""
+    """CPU seconds so far of the stack's own redis-server or postmaster and its backends, never another's."""
     server = _servers.get(name, -1)
     return _cpu_s(lambda pid, fields: server in (pid, int(fields[1])))
 
@@ -293,8 +265,8 @@ def _cpu_s(counts: Callable[[int, list[str]], bool]) -> float:
 
 def arguments(doc: str | None, *, quick: str = "", seed: int | None = None, services: bool = False,
               timeout_s: float = 300) -> argparse.ArgumentParser:  # fmt: skip
-    """The flags every bench spells the same way: ``--quick`` (its help says what shrinks), ``--seed``, and
-    for a bench with servers ``--timeout-s`` and ``--worker-setting``; the module's docstring is the help."""
+    """The flags every bench spells alike: ``--quick`` (its help says what shrinks), ``--seed``, and for a
+    bench with servers ``--timeout-s`` and ``--worker-setting``; the module's docstring is the help."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     if quick:
         p.add_argument("--quick", action="store_true", help=quick)
@@ -317,16 +289,12 @@ def header(name: str, args: object) -> None:
     print(f"machine busy before start: {busy:.2f} of {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
 
 
-# -- rows and jobs -------------------------------------------------------------------------------------
-
-
 def epoch(value: datetime | None) -> float:
     return float("nan") if value is None else value.timestamp()
 
 
 class Rows(NamedTuple):
-    """What a results table holds: how many rows, when the first and last were written, and the rate of
-    the rows written after the first."""
+    """A results table's row count, first and last write times, and the rate of the rows after the first."""
 
     count: int
     first: float
@@ -343,42 +311,14 @@ def wait_rows(found: Stack, table: str, total: int, timeout_s: float) -> Rows:
         if count >= total or time.monotonic() > deadline:
             break
         time.sleep(POLL_S)
-    query = text(
-        f"SELECT count(*), min(created_at), max(created_at), "
-        f"count(*) FILTER (WHERE created_at > (SELECT min(created_at) FROM {table})) FROM {table}"
-    )
+    query = text(f"SELECT count(*), min(created_at), max(created_at), count(*) FILTER (WHERE created_at > "
+                 f"(SELECT min(created_at) FROM {table})) FROM {table}")  # fmt: skip
     with found.db.connect() as conn:
         count, first, last, after = conn.execute(query).one()
     if count < total:
         print(f"  !! timed out after {timeout_s:.0f} s with {count}/{total} rows in {table}")
     span = epoch(last) - epoch(first)
     return Rows(count, epoch(first), epoch(last), after / span if span > 0 else float("nan"))
-
-
-def wait_job(job_id: str, timeout_s: float) -> Any:
-    from worker.client import status
-    from worker.store.values import FINISHED_STATES
-
-    deadline = time.monotonic() + timeout_s
-    while (job := status(job_id)).state not in FINISHED_STATES and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    if job.state not in FINISHED_STATES:
-        print(f"  !! job {job_id} still {job.state} after {timeout_s:.0f} s ({job.done}/{job.total})")
-    return job
-
-
-def batch_stats(found: Stack) -> tuple[int, float, float, float]:
-    """Batches stored so far: count, mean size, total run_ms, padded/real tokens."""
-    query = text(
-        "SELECT count(*), avg(size), sum(run_ms), sum(padded_tokens)::float / nullif(sum(real_tokens), 0) "
-        "FROM batches"
-    )
-    with found.db.connect() as conn:
-        count, size, run_ms, padding = conn.execute(query).one()
-    return count, float(size or 0), float(run_ms or 0), float(padding or float("nan"))
-
-
-# -- checkpoints -----------------------------------------------------------------------------------------
 
 
 def cached_checkpoint(name: str, build: Callable[[Path], None]) -> Path:
@@ -395,8 +335,6 @@ def cached_checkpoint(name: str, build: Callable[[Path], None]) -> Path:
         shutil.rmtree(building, ignore_errors=True)
     return directory
 
-
-# -- inputs and tables ---------------------------------------------------------------------------------
 
 VOCABULARY = (
     "the of and to in is was for that with as on by at from his her their it this be are an or which "
@@ -438,7 +376,7 @@ def ratio(a: float, b: float) -> str:
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """First column left-aligned, the numbers right-aligned."""
+    """First column left-aligned, the rest right-aligned; floats as 1,234 or 3 significant digits."""
     cells = [[_cell(value) for value in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
     for row in [list(headers), ["-" * w for w in widths], *cells]:

@@ -1,16 +1,6 @@
-"""The OpenAI-compatible surface against batchwork's own client, side by side in one run on real Redis +
-PostgreSQL, one `batchwork worker` and one `batchwork api`:
-
-1. batch: an embeddings batch file of N lines, one input each, through the official `openai` client
-   (``files.create`` -> ``batches.create`` -> ``batches.retrieve`` every 0.1 s -> ``files.content`` of the
-   output, every line parsed) vs the same inputs through ``client.submit`` -> ``client.wait`` (0.1 s) ->
-   every ``client.results`` row read. End to end, alternating, medians; for noop and MiniLM.
-2. embeddings: ``POST /v1/embeddings`` from C concurrent clients of one input each (MiniLM): requests/s,
-   p50/p99 latency, and the mean size of the device batches the worker formed on the ``high`` lane.
-
-Prints tables, never asserts; cleans up its Redis database, PostgreSQL schema and processes. From the
-repository root: ``python -m bench.openai_batch [--items 50000] [--minilm-items 50000] [--repeats 2]
-[--clients 32] [--requests 40]``.
+"""The OpenAI surface vs batchwork's own client, one `batchwork worker` and one `batchwork api` on servers of
+the bench's own (bench/README.md, "bench.openai_batch"): an embeddings batch file through the `openai` client
+vs ``client.submit`` of its inputs, alternating, for noop and MiniLM; then ``POST /v1/embeddings`` clients.
 """
 
 from __future__ import annotations
@@ -79,14 +69,14 @@ def batch_section(args: argparse.Namespace, port: int, key: str, model: str, cou
     client = Client()
     seconds: dict[str, list[float]] = {"batch": [], "submit": []}
     for _ in range(args.repeats):
-        seconds["submit"].append(_submit_path(client, model, inputs))
-        seconds["batch"].append(_batch_path(oai, client, body, model, count))
+        seconds["submit"].append(submit_path(client, model, inputs))
+        seconds["batch"].append(batch_path(oai, client, body, model, count))
     batch, submit = statistics.median(seconds["batch"]), statistics.median(seconds["submit"])
     runs = {name: " ".join(f"{value:.1f}" for value in values) for name, values in seconds.items()}
     return model, f"{count:,}", runs["batch"], runs["submit"], f"{submit / batch:.2f}x (target >= 0.8x)"
 
 
-def _submit_path(client: Any, model: str, inputs: list[str]) -> float:
+def submit_path(client: Any, model: str, inputs: list[str]) -> float:
     started = time.perf_counter()
     job_id = client.submit(model, inputs)
     client.wait(job_id, timeout_s=3600, poll_s=POLL_S)
@@ -94,18 +84,18 @@ def _submit_path(client: Any, model: str, inputs: list[str]) -> float:
     elapsed = time.perf_counter() - started
     if read != len(inputs):
         raise RuntimeError(f"client.results gave {read} rows of {len(inputs)}")
-    print(f"  submit of {len(inputs):,}: {_job_times(client, job_id)}, read {elapsed:.1f}")
+    print(f"  submit of {len(inputs):,}: {job_times(client, job_id)}, read {elapsed:.1f}")
     return elapsed
 
 
-def _job_times(client: Any, job_id: str) -> str:
+def job_times(client: Any, job_id: str) -> str:
     """How long the job ran, first batch to finished, as the store saw it."""
     status = client.status(job_id)
     ran = (status.finished_at - status.started_at).total_seconds() if status.started_at else float("nan")
     return f"the job ran {ran:.1f} s (first batch to finished)"
 
 
-def _batch_path(oai: Any, client: Any, body: bytes, model: str, count: int) -> float:
+def batch_path(oai: Any, client: Any, body: bytes, model: str, count: int) -> float:
     from api.batch_runner import job_id_for
 
     started = time.perf_counter()
@@ -124,7 +114,7 @@ def _batch_path(oai: Any, client: Any, body: bytes, model: str, count: int) -> f
     if read != count:
         raise RuntimeError(f"the output held {read} answered lines of {count}")
     phases = ", ".join(f"{name} {at:.1f}" for name, at in seen.items())
-    job = _job_times(client, job_id_for(batch.id, model))
+    job = job_times(client, job_id_for(batch.id, model))
     print(f"  batch of {count:,}: first seen (s from the start): {phases}, downloaded {elapsed:.1f}; {job}")
     return elapsed
 
@@ -134,8 +124,8 @@ def embeddings_section(args: argparse.Namespace, found: h.Stack, port: int, key:
 
     def post(number: int, i: int) -> h.Request:
         text = "warm up" if i < 0 else f"client {number} asks for request {i} about batching"
-        body = orjson.dumps({"model": "minilm", "input": text, "encoding_format": "float"})
-        return "POST", "/v1/embeddings", body, headers
+        return "POST", "/v1/embeddings", orjson.dumps({"model": "minilm", "input": text,
+                                                       "encoding_format": "float"}), headers  # fmt: skip
 
     h.http_clients(port, 1, 0, post, warm=True)  # MiniLM loads on the first request
     latencies, wall, started = h.http_clients(port, args.clients, args.requests, post)

@@ -1,13 +1,6 @@
-"""A job's results read back as NDJSON, the way ``GET /v1/jobs/{id}/results`` streams them: PostgreSQL writing
-the lines itself (``ResultStore.result_lines``, what the route sends) beside rows read into ItemOutcomes and
-written by ``worker.jsonl.write_results`` (what the route did before), alternating, on one schema.
-
-    python -m bench.results_stream [--rows 1000000] [--reps 2]
-
-It stores ``--rows`` results of one job (384-float outputs would make it a disk bench: the outputs are
-small objects), then reads them back whole with each way in turn, and prints rows/s and the reading
-process's peak RSS growth (memory must stay flat: pages, never the job). No HTTP: the route only passes the
-chunks on. Starts a PostgreSQL (and a Redis) of its own.
+"""A job's results read back as NDJSON as ``GET /v1/jobs/{id}/results`` streams them: PostgreSQL writing the
+lines (``ResultStore.result_lines``, what the route sends) vs rows read into outcomes and written by
+``write_results`` (what it did before), alternating; rows/s and peak RSS growth (memory must stay flat).
 """
 
 from __future__ import annotations
@@ -28,25 +21,21 @@ def main() -> None:
     args = p.parse_args()
     h.header("bench.results_stream", args)
     with h.stack() as found:
-        url = found.database_url
         from worker.jsonl import write_results
         from worker.store.results import JobSpec, ResultStore
         from worker.store.values import ItemColumns
 
-        store = ResultStore.from_url(url)
+        store = ResultStore.from_url(found.database_url)
         job = JobSpec(str(uuid.uuid4()), "noop", "normal", args.rows)
         store.create_job(job)
         started = time.perf_counter()
-        for start in range(0, args.rows, 20_000):
+        for start in range(0, args.rows, 20_000):  # small outputs: 384 floats would make it a disk bench
             indices = list(range(start, min(args.rows, start + 20_000)))
             outputs = [{"label": "positive", "score": 0.5 + i % 100 / 1000} for i in indices]
             ids, nothing = [f"doc-{i}" for i in indices], [None] * len(indices)
             columns = ItemColumns([job.job_id] * len(indices), indices, ids, outputs, nothing)
             store.write_batches([(None, columns, [job])])
         print(f"stored {args.rows:,} rows in {time.perf_counter() - started:.1f} s")
-
-        def sql_lines() -> int:
-            return sum(len(chunk) for chunk in store.result_lines(job.job_id))
 
         def python_lines() -> int:  # as the route did: chunks of 1,000 lines
             outcomes, size = store.results(job.job_id), 0
@@ -56,19 +45,19 @@ def main() -> None:
                 size += len(out.getvalue())
             return size
 
-        runs: dict[str, list[tuple[float, int]]] = {"result_lines (SQL)": [], "results + write_results": []}
+        ways = {"result_lines (SQL)": lambda: sum(map(len, store.result_lines(job.job_id))),
+                "results + write_results": python_lines}  # fmt: skip
+        best = dict.fromkeys(ways, 0.0)
         for _ in range(args.reps):
-            for name, read in (("result_lines (SQL)", sql_lines), ("results + write_results", python_lines)):
-                before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                started = time.perf_counter()
+            for name, read in ways.items():
+                before, started = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
                 size = read()
                 seconds = time.perf_counter() - started
                 grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-                runs[name].append((args.rows / seconds, size))
+                best[name] = max(best[name], args.rows / seconds)
                 print(
                     f"  {name}: {seconds:.2f} s, {size / 1e6:.0f} MB NDJSON, peak RSS +{grown / 1024:.0f} MB"
                 )
-        best = {name: max(rate for rate, _ in rows) for name, rows in runs.items()}
         h.print_table(["way", "rows/s (best)"], [[name, f"{rate:,.0f}"] for name, rate in best.items()])
         print(f"  ratio SQL / Python: {best['result_lines (SQL)'] / best['results + write_results']:.2f}x")
         store.close()

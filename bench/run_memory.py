@@ -1,13 +1,6 @@
-"""`batchwork run` of large noop files on the embedded default: peak RSS, wall time, CPU and items/s.
-
-    python -m bench.run_memory [--lines 1000000,10000000] [--old DIR] [--old-max-lines 1000000]
-
-Each file ({"id": "d<i>", "text": ...} a line) is generated in a temporary folder and run there as a whole
-process (`python -m worker.cli run in.jsonl -m noop -o out.jsonl`, its own SQLite file); the output is checked
-(every line once, in order). ``--old DIR`` runs another checkout's code beside this one (e.g. a `git archive`
-of main) on the sizes up to ``--old-max-lines`` (the old run holds the file whole: about 1 GB per million
-lines). Peak RSS is the child's own (``wait4``); items/s is what the run prints (submit to last line
-written) and lines over the whole command's wall time.
+"""`batchwork run` of generated noop files on the embedded default, as whole processes: peak RSS (the child's
+own, ``wait4``), wall and CPU seconds, the items/s it prints and lines/s over the command, every output line
+checked once and in order. ``--old DIR``: another checkout's code beside this one, up to ``--old-max-lines``.
 """
 
 from __future__ import annotations
@@ -30,7 +23,8 @@ def write_input(path: Path, lines: int) -> None:
                                for i in range(start, min(lines, start + 10_000))))  # fmt: skip
 
 
-def run_once(source: Path, folder: Path, lines: int) -> dict[str, float | str]:
+def run_once(source: Path, folder: Path, lines: int) -> str:
+    """One run of ``source``'s code in ``folder`` (its own SQLite file): the table's cells after the name."""
     for stale in folder.glob("batchwork.db*"):
         stale.unlink()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
@@ -46,8 +40,9 @@ def run_once(source: Path, folder: Path, lines: int) -> dict[str, float | str]:
         raise SystemExit(f"run failed ({source}):\n{stderr[-2000:]}")
     printed = re.search(r"\(([\d,]+) items/s\)", stderr)
     items_s = float(printed.group(1).replace(",", "")) if printed else float("nan")
-    return {"peak_mb": usage.ru_maxrss / 1024, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "printed_items_s": items_s, "checked": check_output(folder / "out.jsonl", lines)}  # fmt: skip
+    cpu_s, checked = usage.ru_utime + usage.ru_stime, check_output(folder / "out.jsonl", lines)
+    return (f"{lines:>10,} {usage.ru_maxrss / 1024:>12,.0f} {wall:>8.1f} {cpu_s:>8.1f} {items_s:>18,.0f} "
+            f"{lines / wall:>15,.0f}  {checked}")  # fmt: skip
 
 
 def check_output(path: Path, lines: int) -> str:
@@ -70,14 +65,10 @@ def main() -> None:
           f"{'items/s (printed)':>18} {'lines/s (wall)':>15}  output")  # fmt: skip
     for lines in [int(n) for n in args.lines.split(",")]:
         with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
-            folder = Path(tmp)
-            write_input(folder / "in.jsonl", lines)
+            write_input(Path(tmp) / "in.jsonl", lines)
             old = [("old", args.old)] if args.old is not None and lines <= args.old_max_lines else []
             for name, source in [("new", h.ROOT), *old]:
-                row = run_once(source, folder, lines)
-                cells = f"{row['peak_mb']:>12,.0f} {row['wall_s']:>8.1f} {row['cpu_s']:>8.1f}"
-                rates = f"{row['printed_items_s']:>18,.0f} {lines / float(row['wall_s']):>15,.0f}"
-                print(f"{name:<6} {lines:>10,} {cells} {rates}  {row['checked']}", flush=True)
+                print(f"{name:<6} {run_once(source, Path(tmp), lines)}", flush=True)
 
 
 if __name__ == "__main__":

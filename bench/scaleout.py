@@ -1,12 +1,6 @@
-"""Scale-out: 1, 2 and 4 batchwork workers on one Redis + PostgreSQL, fed single-item calls by several
-producer processes, then one bulk ``submit``; throughput, item latency and who used the CPU.
-
-The model is ``simulated``: each batch sleeps a + b*n ms, releasing the GIL as a GPU kernel would, so this
-small machine can host several workers whose cost is the device's, not Python's. Every figure comes from
-the database: an item's latency is its result row's write time less its job's creation time (the
-producer's clock), so it includes the wait in Redis. Producers send as fast as they can, so a backlog forms
-and the latency shown is at saturation. Prints tables, never asserts. Run from the repository root:
-``python -m bench.scaleout [--quick]``.
+"""Scale-out: 1, 2 and 4 batchwork workers on one Redis + PostgreSQL, fed single-item calls by producer
+processes, then one bulk ``submit``: items/s, item latency (result row less job creation, queueing included,
+at saturation) and who used the CPU. The ``simulated`` model's batch sleeps a + b*n ms, as a GPU would.
 """
 
 from __future__ import annotations
@@ -34,8 +28,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--base-ms", type=float, default=200.0, help="simulated batch cost a in a + b*n")
     p.add_argument("--per-item-ms", type=float, default=4.0, help="simulated batch cost b in a + b*n")
     p.add_argument("--n", type=int, default=64, help="max_batch_size of every worker")
-    p.add_argument("--produce", type=int, default=None, help=argparse.SUPPRESS)  # a producer subprocess
-    p.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--produce", nargs=2, type=float, help=argparse.SUPPRESS)  # a producer: COUNT START_AT
     args = p.parse_args(argv)
     args.calls = args.calls or (2000 if args.quick else 4000)
     args.submit_items = args.submit_items or (6000 if args.quick else 12000)
@@ -43,7 +36,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def produce(count: int, start_at: float) -> None:
+def produce(count: float, start_at: float) -> None:
     """A producer subprocess: ``count`` single-item ``infer.delay`` calls as fast as it can, from
     ``start_at`` (so every producer starts together); prints its first and last send times as JSON."""
     from worker.tasks import infer
@@ -51,7 +44,7 @@ def produce(count: int, start_at: float) -> None:
     infer.delay(model="simulated", inputs=["warm-up"])  # connects; the bench subtracts this job
     time.sleep(max(0.0, start_at - time.time()))
     first, cpu = time.time(), time.process_time()
-    for i in range(count):
+    for i in range(int(count)):
         infer.delay(model="simulated", inputs=[f"call {i} from {os.getpid()}"])
     print(json.dumps({"first": first, "last": time.time(), "cpu_s": time.process_time() - cpu}), flush=True)
 
@@ -59,13 +52,12 @@ def produce(count: int, start_at: float) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.produce is not None:
-        return produce(args.produce, args.start_at)
+        return produce(*args.produce)
     h.header("bench.scaleout", args)
     ceiling = args.n / (args.base_ms + args.per_item_ms * args.n) * 1000
-    print(
-        f"simulated model: {args.base_ms:g} ms + {args.per_item_ms:g} ms/item per batch, N={args.n}: "
-        f"one worker's ceiling {ceiling:.0f} items/s; {args.producers} producers, {args.calls} calls"
-    )
+    print(f"simulated model: {args.base_ms:g} ms + {args.per_item_ms:g} ms/item per batch, N={args.n}: "
+          f"one worker's ceiling {ceiling:.0f} items/s; {args.producers} producers, "
+          f"{args.calls} calls")  # fmt: skip
     with h.stack() as found:
         calls, bulk = {}, {}
         for count in args.counts:
@@ -88,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 def measure(
     args: argparse.Namespace, found: h.Stack, count: int, how: Callable[..., dict]
 ) -> dict[str, float]:
-    """``how(args, found, count, meter)`` with ``count`` fresh workers on an empty store; CPU cores of the
-    workers, Redis, PostgreSQL and everything else (producers, this bench) added to its figures."""
+    """``how(args, found, meter)`` with ``count`` fresh workers on an empty store; CPU cores of the workers,
+    Redis, PostgreSQL and everything else (producers, this bench) added to its figures."""
     found.truncate()
     knobs = {"simulated": {"max_batch_size": args.n, "max_wait_ms": 20}}
     simulated = {"simulated_base_ms": args.base_ms, "simulated_per_item_ms": args.per_item_ms}
@@ -98,7 +90,7 @@ def measure(
     for worker in workers:
         worker.wait_ready()
     meter = h.CpuMeter(*workers)
-    figures = how(args, found, count, meter)
+    figures = how(args, found, meter)
     for worker in workers:
         worker.stop()
     cores = {k: meter.cores[k] for k in ("workers", "redis", "postgres")}
@@ -108,11 +100,11 @@ def measure(
     return figures | {f"cpu {k}": v for k, v in cores.items()}
 
 
-def single_item_calls(args: argparse.Namespace, found: h.Stack, count: int, meter: h.CpuMeter) -> dict:
+def single_item_calls(args: argparse.Namespace, found: h.Stack, meter: h.CpuMeter) -> dict:
     per_producer = args.calls // args.producers
     total = per_producer * args.producers
     start_at = time.time() + 3.0  # every producer has imported batchwork and connected by then
-    argv = h.python("bench.scaleout", "--produce", str(per_producer), "--start-at", repr(start_at))
+    argv = h.python("bench.scaleout", "--produce", str(per_producer), repr(start_at))
     producers = [subprocess.Popen(argv, cwd=h.ROOT, env=found.env(), stdout=subprocess.PIPE, text=True)
                  for _ in range(args.producers)]  # fmt: skip
     time.sleep(max(0.0, start_at - time.time()))
@@ -132,7 +124,7 @@ def single_item_calls(args: argparse.Namespace, found: h.Stack, count: int, mete
             "producer CPU us/call": sum(s["cpu_s"] for s in sent) / total * 1e6}  # fmt: skip
 
 
-def bulk_submit(args: argparse.Namespace, found: h.Stack, count: int, meter: h.CpuMeter) -> dict:
+def bulk_submit(args: argparse.Namespace, found: h.Stack, meter: h.CpuMeter) -> dict:
     from worker.client import submit
 
     inputs = [f"bulk item {i}" for i in range(args.submit_items)]
