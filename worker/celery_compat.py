@@ -159,15 +159,25 @@ def event_dispatcher(consumer: Any) -> Any:
 
 
 # -- task events ----------------------------------------------------------------------------------------
-# ``EventDispatcher.buffer_limit`` and ``.serializer`` are set once at construction by Celery's consumer; the
-# dispatcher reads them at every send, so the worker's dispatcher is changed in place.
+# A worker's dispatcher buffers task events (``buffer_group``) and publishes each buffer as one list, routed
+# "task.multi", through ``EventDispatcher._publish``; Flower reads such a list as it reads single events. Each
+# event is the dict ``celery.events.Event`` makes (type, timestamp, the fields) plus what ``send`` adds
+# (hostname, utcoffset, pid, clock). ``send`` costs several microseconds an event in Python (three a message);
+# batchwork builds the dicts itself and publishes a tick's list at once. ``.groups`` says which event groups
+# the worker was asked for (None: all). ``.serializer`` is read at every publish.
 
 
-def send_in_bulk(dispatcher: Any, buffer_limit: int, serializer: str) -> None:
-    """Make Celery's ``dispatcher`` buffer up to ``buffer_limit`` task events per message (a "task.multi",
-    as Flower reads it) and write them with ``serializer``."""
-    dispatcher.buffer_limit = max(dispatcher.buffer_limit, buffer_limit)
+def task_events_wanted(dispatcher: Any) -> bool:
+    """Whether Celery's ``dispatcher`` sends task events (the worker was asked for them)."""
+    return bool(dispatcher.enabled) and (not dispatcher.groups or "task" in dispatcher.groups)
+
+
+def publish_task_events(dispatcher: Any, events: list[dict[str, Any]], serializer: str) -> None:
+    """Publish ``events`` (dicts as ``send`` would buffer them) as one "task.multi" message written with
+    ``serializer``, as the dispatcher's own flush of its buffer does."""
     dispatcher.serializer = serializer
+    with dispatcher.mutex:
+        dispatcher._publish(events, dispatcher.producer, "task.multi")
 
 
 # -- results --------------------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ from worker.celery_compat import (
     meta,
     poll_again_after,
     publish_plainly,
-    send_in_bulk,
+    publish_task_events,
+    task_events_wanted,
     task_message,
 )
 
@@ -215,19 +216,31 @@ def test_kombu_serializer_and_celery_task_events_in_bulk() -> None:
         assert loads(data, content_type, encoding) == [{"type": "task-received"}]
 
     app = Celery("contract", broker="memory://", set_as_current=False)
-    published: list[tuple[int, str, str]] = []
-    relies_on = "EventDispatcher.buffer_limit and .serializer read at every send"
+    relies_on = "EventDispatcher._publish of a 'task.multi' list, .groups, .mutex, .producer, .serializer"
     with seam("task events", "celery", relies_on), app.connection_for_write() as connection:
-        dispatcher = app.events.Dispatcher(connection, enabled=True, buffer_group=["task"])
-        dispatcher._publish = lambda events, producer, routing_key, **_: published.append(
-            (len(events), routing_key, dispatcher.serializer)  # the list is emptied once sent
+        published: list[tuple[Any, str, str]] = []
+        dispatcher = app.events.Dispatcher(connection, enabled=True, buffer_group=["task"], buffer_limit=2)
+
+        class Producer:
+            def publish(self, body: Any, routing_key: str, serializer: str, **_: Any) -> None:
+                published.append((list(body), routing_key, serializer))  # Celery empties its list after
+
+        dispatcher.producer = Producer()
+        # What Celery's own send buffers and publishes, for comparison.
+        dispatcher.send("task-received", uuid="a", name="n", args="()", kwargs="{}", retries=0)
+        dispatcher.send("task-started", uuid="a")
+        [(celerys, routing_key, _)] = published
+        assert routing_key == "task.multi"
+        ours = [{"type": "task-started", "uuid": "b", "timestamp": time.time()}]
+        ours[0].update(
+            hostname=dispatcher.hostname, utcoffset=0, pid=dispatcher.pid, clock=dispatcher.clock.forward()
         )
-        send_in_bulk(dispatcher, 30, EVENT_SERIALIZER)
-        for _ in range(29):
-            dispatcher.send("task-received", uuid=str(uuid.uuid4()))
-        assert published == []  # buffered, as Celery's worker asks for task events
-        dispatcher.send("task-received", uuid=str(uuid.uuid4()))
-        assert published == [(30, "task.multi", EVENT_SERIALIZER)]
+        assert set(ours[0]) == set(celerys[1])  # the keys a task-started event has
+        publish_task_events(dispatcher, ours, EVENT_SERIALIZER)
+        assert published[-1] == (ours, "task.multi", EVENT_SERIALIZER)
+        assert task_events_wanted(dispatcher)
+        assert not task_events_wanted(app.events.Dispatcher(connection, enabled=True, groups=["worker"]))
+        assert not task_events_wanted(app.events.Dispatcher(connection, enabled=False))
         dispatcher.close()
 
 

@@ -95,6 +95,7 @@ PRIVATE_CELERY_NAMES = {
     "fire_timers",
     "type_to_name",
     "buffer_limit",
+    "_publish",
     "task_consumer",
     "create_task_handler",
 }

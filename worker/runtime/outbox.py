@@ -51,7 +51,7 @@ class Outbox:
 
     def __init__(self, events: Any = None) -> None:
         self._settled: deque[Settled] = deque()
-        self._events: deque[tuple[str, Delivery, dict[str, Any]]] = deque()
+        self._events: deque[dict[str, Any]] = deque()  # task events (hooks/task_events.py)
         self._hub: Any = None
         self._timer: Any = None
         self._channel: Any = None
@@ -77,8 +77,8 @@ class Outbox:
         self._settled.append(settled)
         self._added()
 
-    def event(self, kind: str, delivery: Delivery, **fields: Any) -> None:
-        self._events.append((kind, delivery, fields))
+    def event(self, event: dict[str, Any]) -> None:
+        self._events.append(event)
         self._added()
 
     def _added(self) -> None:
@@ -144,7 +144,7 @@ class Outbox:
         for delivery in deliveries:
             mark_acked(delivery.message)  # as Message.ack would
 
-    def _send(self, events: list[tuple[str, Delivery, dict[str, Any]]]) -> None:
+    def _send(self, events: list[dict[str, Any]]) -> None:
         publish_events(self._dispatcher() if self._dispatcher else None, events)
 
 

@@ -70,6 +70,10 @@ def test_flower_shows_the_batching_worker_and_its_tasks(
             task = tasks[job_id]
             assert task["name"] == "batchwork.infer"
             assert task["worker"] == "w0@test"
+            # Every event arrived, with its time: received <= started <= succeeded, and what the job did.
+            assert 0 < task["received"] <= task["started"] <= task["succeeded"], task
+            assert task["runtime"] >= 0 and "'items': 2, 'failed': 0" in task["result"], task
+            assert "'model': 'noop'" in task["kwargs"], task
             assert httpx.get(f"{base}/api/tasks", timeout=5).status_code == 401  # auth is on
     finally:
         flower.terminate()

@@ -30,8 +30,8 @@ class FakeOutbox:
     def settle(self, settled: Settled) -> None:
         self.settled.append(settled)
 
-    def event(self, kind: str, delivery: Delivery, **fields: Any) -> None:
-        self.events.append(kind)
+    def event(self, event: dict[str, Any]) -> None:
+        self.events.append(event["type"])
 
 
 class FakeMessage:

@@ -3,10 +3,13 @@ renewal, the fetch throttle, and the holdings they read."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from celery import Celery
 
 from worker.calls import InferMessage
 from worker.runtime.deliveries import Delivery, Holdings
@@ -79,17 +82,24 @@ class FakeHub:
         return self.timers[-1].delay
 
 
-class FakeDispatcher:
-    enabled = True
-    buffer_limit = 24  # Celery's: events per published message
+class RecordingProducer:
+    """Stands in for the event dispatcher's kombu producer: records what would be published."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.published: list[tuple[list[dict[str, Any]], str]] = []
 
-    def send(
-        self, kind: str, utcoffset: Any = None, **fields: Any
-    ) -> None:  # Celery's send(), its knob aside
-        self.sent.append((kind, fields))
+    def publish(self, body: Any, routing_key: str, **_: Any) -> None:
+        self.published.append((list(body), routing_key))
+
+
+@contextmanager
+def event_dispatcher() -> Iterator[tuple[Any, RecordingProducer]]:
+    """Celery's own task event dispatcher, as a worker has it (task events buffered), publishing nowhere."""
+    app = Celery("outbox", broker="memory://", set_as_current=False)
+    with app.connection_for_write() as connection:
+        dispatcher = app.events.Dispatcher(connection, hostname="w@test", enabled=True, buffer_group=["task"])
+        producer = dispatcher.producer = RecordingProducer()
+        yield dispatcher, producer
 
 
 def delivery(tag: str, lost: int = 0) -> Delivery:
@@ -101,19 +111,27 @@ def call(priority: str, items: int, job: str = "j") -> InferMessage:
 
 
 def test_the_outbox_acks_everything_settled_since_the_last_tick_in_one_call() -> None:
-    outbox, channel, dispatcher = Outbox(), FakeChannel(), FakeDispatcher()
-    outbox.attach(FakeHub(), channel, lambda: dispatcher)
-    first, second, lost = delivery("1"), delivery("2"), delivery("3", lost=2)
-    outbox.settle(Settled([first, second], new_jobs=["job-a"]))
-    outbox.settle(Settled([lost]))
-    outbox.event("task-succeeded", first, runtime=0.1)
-    assert channel.qos.calls == []  # nothing before the tick: the channel is the consumer thread's
-    outbox.tick()
-    assert channel.qos.calls == [{"tags": ["1", "2", "3"], "lost_ids": ["task-3"], "jobs": ["job-a"]}]
-    assert dispatcher.buffer_limit >= 1000  # a tick's events leave in one message, not one per 24
-    assert dispatcher.sent == [("task-succeeded", {"uuid": "task-1", "runtime": 0.1})]
-    outbox.tick()
-    assert len(channel.qos.calls) == 1  # nothing is acked twice
+    outbox, channel = Outbox(), FakeChannel()
+    with event_dispatcher() as (dispatcher, producer):
+        outbox.attach(FakeHub(), channel, lambda: dispatcher)
+        first, second, lost = delivery("1"), delivery("2"), delivery("3", lost=2)
+        outbox.settle(Settled([first, second], new_jobs=["job-a"]))
+        outbox.settle(Settled([lost]))
+        for task in ("task-1", "task-2"):
+            outbox.event({"type": "task-succeeded", "uuid": task, "timestamp": 1.0, "runtime": 0.1})
+        assert channel.qos.calls == []  # nothing before the tick: the channel is the consumer thread's
+        outbox.tick()
+        assert channel.qos.calls == [{"tags": ["1", "2", "3"], "lost_ids": ["task-3"], "jobs": ["job-a"]}]
+        [(events, routing_key)] = producer.published  # a tick's events leave in one message
+        assert routing_key == "task.multi"
+        assert [(e["type"], e["uuid"], e["runtime"], e["hostname"]) for e in events] == [
+            ("task-succeeded", "task-1", 0.1, "w@test"),
+            ("task-succeeded", "task-2", 0.1, "w@test"),
+        ]
+        assert events[0]["clock"] < events[1]["clock"]  # the worker's Lamport clock, as send() forwards it
+        outbox.tick()
+        assert len(channel.qos.calls) == 1  # nothing is acked twice
+        assert len(producer.published) == 1
 
 
 def test_the_outbox_ticks_often_only_while_messages_are_held_or_work_waits() -> None:
@@ -126,7 +144,7 @@ def test_the_outbox_ticks_often_only_while_messages_are_held_or_work_waits() -> 
     assert hub.fire() == IDLE_TICK_S
     outbox.settle(Settled([delivery("1")]))  # from another thread, while the tick is far: woken at once
     assert len(hub.soon) == 1
-    outbox.event("task-succeeded", delivery("1"))
+    outbox.event({"type": "task-succeeded", "uuid": "task-1", "timestamp": 1.0})
     assert len(hub.soon) == 1  # one wake-up is enough
     hub.soon.pop()()
     assert channel.qos.calls[0]["tags"] == ["1"]
