@@ -174,8 +174,11 @@ def task_events_wanted(dispatcher: Any) -> bool:
 
 def publish_task_events(dispatcher: Any, events: list[dict[str, Any]], serializer: str) -> None:
     """Publish ``events`` (dicts as ``send`` would buffer them) as one "task.multi" message written with
-    ``serializer``, as the dispatcher's own flush of its buffer does."""
+    ``serializer``, as the dispatcher's own flush of its buffer does. A publish that failed (the broker
+    away) left its events in the dispatcher's outbound buffer: they are tried once more first, then
+    dropped, as Celery's own ``flush`` does, so a worker's outages never pile them up."""
     dispatcher.serializer = serializer
+    dispatcher.flush(errors=True, groups=False)
     with dispatcher.mutex:
         dispatcher._publish(events, dispatcher.producer, "task.multi")
 

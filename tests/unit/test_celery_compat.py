@@ -238,6 +238,14 @@ def test_kombu_serializer_and_celery_task_events_in_bulk() -> None:
         assert set(ours[0]) == set(celerys[1])  # the keys a task-started event has
         publish_task_events(dispatcher, ours, EVENT_SERIALIZER)
         assert published[-1] == (ours, "task.multi", EVENT_SERIALIZER)
+        # A publish that fails leaves its events in the outbound buffer; the next publish tries them once.
+        dispatcher.producer = None  # publishing now raises, as with the broker away
+        publish_task_events(dispatcher, ours, EVENT_SERIALIZER)
+        assert [event for event, _, _ in dispatcher._outbound_buffer] == [ours]
+        dispatcher.producer = Producer()
+        publish_task_events(dispatcher, ours, EVENT_SERIALIZER)
+        assert published[-2:] == [(ours, "task.multi", EVENT_SERIALIZER)] * 2
+        assert not dispatcher._outbound_buffer
         assert task_events_wanted(dispatcher)
         assert not task_events_wanted(app.events.Dispatcher(connection, enabled=True, groups=["worker"]))
         assert not task_events_wanted(app.events.Dispatcher(connection, enabled=False))
