@@ -159,8 +159,11 @@ class Storer:
                 delay_s = min(delay_s * 2, MAX_BACKOFF_S)
 
     def _commit(self, writes: list[ResultsToStore]) -> None:
+        jobs = [w.jobs for w in writes]  # one job per item for single-item calls: made once
         try:
-            stored = self.store.write_batches([(w.record, w.columns, w.jobs) for w in writes])
+            stored = self.store.write_batches(
+                [(w.record, w.columns, j) for w, j in zip(writes, jobs, strict=True)]
+            )
         except Exception as exc:
             if is_transient(exc):
                 raise
@@ -174,8 +177,8 @@ class Storer:
             return
         _note_redelivered(sum(stored.new_rows), sum(len(w) for w in writes))
         _note_refused(stored.refused_jobs)
-        for write in writes:
-            self._settle(write, sorted(stored.new_jobs & {spec.job_id for spec in write.jobs}))
+        for write, specs in zip(writes, jobs, strict=True):
+            self._settle(write, sorted(stored.new_jobs & {spec.job_id for spec in specs}))
 
     def _isolate(self, write: ResultsToStore) -> None:
         """Store what the database takes of ``write``, halving until the refused outcomes are found."""
