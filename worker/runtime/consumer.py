@@ -70,9 +70,8 @@ class BatchingStep(bootsteps.StartStopStep):
 
     def start(self, consumer: Any) -> None:
         channel = celery_compat.task_channel(consumer)
-        dispatcher = partial(
-            celery_compat.event_dispatcher, consumer
-        )  # read at each send: a restart makes one
+        # The dispatcher is looked up at each send: a restart makes a new one.
+        dispatcher = partial(celery_compat.event_dispatcher, consumer)
         self.outbox.attach(celery_compat.event_loop(consumer), channel, dispatcher)
         engine = consumer.batchwork_engine
         if engine is None:
