@@ -17,12 +17,9 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
-from sqlalchemy import Text, cast, func, literal_column, select
-from sqlalchemy.dialects.postgresql import aggregate_order_by
-
 from worker.openai_compat.batchfile import BatchLine, BatchPlan, Counter, answer_range
 from worker.openai_compat.responses import RawJson
-from worker.store import tables
+from worker.store import outputs
 from worker.store.db import client_errors
 from worker.store.files import CHUNK_BYTES, BatchStore, FileStore
 
@@ -118,33 +115,8 @@ class OutputWriter:
 
     def _stored_through(self, job_id: str, start: int) -> int:
         """The item index after the run of stored outcomes from ``start`` (``start`` if it has none)."""
-        column = tables.results.c
-        window = (
-            column.job_id == job_id,
-            column.item_index >= start,
-            column.item_index < start + APPEND_ITEMS,
-        )
-        with client_errors(self.files.url), self.files.engine.connect() as conn:
-            # Counted first (this runs at every poll while the jobs run): indices are unique, so a count
-            # that reaches the highest one means no gap, and no index needs to leave the database.
-            count, highest = conn.execute(
-                select(func.count(), func.max(column.item_index)).where(*window)
-            ).one()
-            if not count or highest == start + count - 1:
-                return start + count
-            indices = list(conn.scalars(select(column.item_index).where(*window).order_by(column.item_index)))
-        if not indices or indices[0] != start:
-            return start
-        if indices[-1] == start + len(indices) - 1:  # indices are unique: no gap
-            return start + len(indices)
-        low, high = 0, len(indices) - 1  # the last position p with indices[p] == start + p
-        while low < high:
-            middle = (low + high + 1) // 2
-            if indices[middle] == start + middle:
-                low = middle
-            else:
-                high = middle - 1
-        return start + low + 1
+        with client_errors(self.files.url):
+            return outputs.stored_through(self.files.engine, job_id, start, APPEND_ITEMS)
 
     # -- one append --------------------------------------------------------------------------------
 
@@ -208,44 +180,17 @@ class OutputWriter:
     def _outcomes(self, job_id: str, start: int, stop: int) -> Iterator[tuple[int, Any, str | None]]:
         """The job's stored outcomes of items [start, stop) in index order, outputs as their JSON text
         (RawJson: a float embedding goes into its answer never decoded), a page a query."""
+        engine = self.files.engine
         for page in range(start, stop, RESULTS_PAGE):
             end = min(stop, page + RESULTS_PAGE)
-            texts = self._joined(job_id, page, end)
+            with client_errors(self.files.url):
+                texts = outputs.joined_output_texts(engine, job_id, page, end)
+                rows = [] if texts is not None else outputs.output_texts(engine, job_id, page, end)
             if texts is not None:
                 yield from zip(range(page, end), map(RawJson, texts), repeat(None))
                 continue
-            column = tables.results.c
-            query = (
-                select(column.item_index, cast(column.output, Text), column.error)
-                .where(column.job_id == job_id, column.item_index >= page, column.item_index < end)
-                .order_by(column.item_index)
-            )
-            with client_errors(self.files.url), self.files.engine.connect() as conn:
-                rows = conn.execute(query).all()
             for index, output, error in rows:
                 yield index, None if output is None else RawJson(output), error
-
-    def _joined(self, job_id: str, start: int, stop: int) -> list[str] | None:
-        """On PostgreSQL, the outputs of items [start, stop) when every one is stored without an error (the
-        common case), joined by the database into one text: a value to fetch, not three per row (which was
-        most of this process's work for a batch). None otherwise: the rows are read one by one."""
-        if self.files.engine.dialect.name != "postgresql":
-            return None
-        column = tables.results.c
-        output = cast(column.output, Text)
-        query = select(
-            func.count(),
-            func.count(output),
-            func.count(column.error),
-            func.string_agg(output, aggregate_order_by(literal_column("E'\\n'"), column.item_index)),
-        ).where(column.job_id == job_id, column.item_index >= start, column.item_index < stop)
-        with client_errors(self.files.url), self.files.engine.connect() as conn:
-            count, outputs, errors, joined = conn.execute(query).one()
-        # Each output is JSON as stored (compact: no newline), so count - 1 newlines are the joins.
-        if count != stop - start or outputs != count or errors or joined.count("\n") != count - 1:
-            return None
-        texts: list[str] = joined.split("\n")
-        return texts
 
     def forget(self, batch_id: str) -> None:
         self._appended_at.pop(batch_id, None)

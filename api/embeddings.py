@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
-from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from worker.store import tables
+from worker.store.outputs import OutputOrError, outcomes_of
 from worker.store.results import ResultStore
 
 POLL_S = 0.005  # between reads while some request waits (each read is one indexed query)
-_RESULT = tables.results.c
-
-OutputOrError = tuple[Any, str | None]  # (output, error) of one item
 
 
 class ResultWaiter:
@@ -71,11 +66,4 @@ class ResultWaiter:
             await asyncio.sleep(POLL_S)
 
     def _read(self, job_ids: list[str]) -> dict[str, dict[int, OutputOrError]]:
-        query = select(_RESULT.job_id, _RESULT.item_index, _RESULT.output, _RESULT.error).where(
-            _RESULT.job_id.in_(job_ids)
-        )
-        found: dict[str, dict[int, OutputOrError]] = {}
-        with self.store.engine.connect() as conn:
-            for job_id, index, output, error in conn.execute(query):
-                found.setdefault(job_id, {})[index] = (output, error)
-        return found
+        return outcomes_of(self.store.engine, job_ids)

@@ -147,3 +147,24 @@ def test_celery_and_kombu_internals_are_reached_only_through_celery_compat() -> 
     found = [use for path in paths if path != compat for use in private_celery_uses(path)]
     where = "worker/celery_compat.py (a section per seam)"
     assert found == [], f"move these behind {where}:\n" + "\n".join(found)
+
+
+def test_only_the_store_knows_the_tables() -> None:
+    """A store backend is added in worker/store/ alone: no module elsewhere in worker/ or api/ imports the
+    table definitions (migrations/ does, to compare them with the database)."""
+    store = ROOT / "worker" / "store"
+    paths = [p for package in ("worker", "api") for p in sorted((ROOT / package).rglob("*.py"))]
+    found = []
+    for path in paths:
+        if store in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import | ast.ImportFrom) else []
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if (
+                "worker.store.tables" in names
+                or module == "worker.store.tables"
+                or (module == "worker.store" and "tables" in names)
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == [], "read and write the tables through worker/store/ instead:\n" + "\n".join(found)
