@@ -135,20 +135,25 @@ class _NoRestore:
 
 
 def test_kombu_redis_transport_qos_bookkeeping_in_memory() -> None:
-    with seam("the Redis transport", "kombu", "virtual QoS.append/.ack, QoS._delivered/_dirty, QoS._flush"):
+    with seam("the Redis transport", "kombu", "virtual QoS.append, QoS._delivered/_dirty, QoS._flush"):
         qos = HeldQoS(_NoRestore(), prefetch_count=10)
         assert not qos.holding()
         for tag in ("t1", "t2", "t3"):
             qos.hold_in_memory(f"message {tag}", tag)
-        qos.forget_in_memory("t1")
+        qos.forget_in_memory(["t1"])
         assert qos.holding()
         assert qos.can_consume_max_estimate() == 8
         assert qos.take_all_held() == ["t2", "t3"]
         assert qos.can_consume_max_estimate() == 10
         assert not qos.holding()
         qos.hold_in_memory("message t4", "t4")
-        qos.forget_in_memory("t4")  # acked, not yet flushed from _delivered: held no more
-        assert len(qos._delivered) == 1 and not qos.holding()
+        qos.forget_in_memory(["t4", "t5"])  # acked (t5 was never held: nothing to forget)
+        assert len(qos._delivered) == 0 and not qos.holding()
+        qos.hold_in_memory("message t6", "t6")
+        qos._dirty.add("t6")  # kombu's own ack (a reject through the virtual QoS) still counts as forgotten
+        assert not qos.holding() and qos.can_consume_max_estimate() == 10
+        qos.hold_in_memory("message t7", "t7")  # append flushes what kombu marked
+        assert list(qos._delivered) == ["t7"] and qos.holding()
         assert "self._delivered" in source(kombu_redis.QoS.restore_unacked)  # what we replace reads the same
 
 

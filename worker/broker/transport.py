@@ -81,8 +81,7 @@ class QoS(HeldQoS):
                 pipe.delete(*job_keys)
                 pipe.zrem(keys.pending_jobs, *jobs)
             pipe.execute()
-        for tag in tags:
-            self.forget_in_memory(tag)
+        self.forget_in_memory(tags)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if requeue:
@@ -90,7 +89,7 @@ class QoS(HeldQoS):
         else:
             self.ack_many([delivery_tag])
             return
-        self.forget_in_memory(delivery_tag)
+        self.forget_in_memory([delivery_tag])
 
     def restore_unacked(self, client: Any = None) -> None:
         """At channel close (a worker stopping): hand back everything still held, in one round trip."""
