@@ -106,9 +106,10 @@ class Settings(BaseSettings):
     # can form while one runs, and stay small enough that a held message is acked well within
     # visibility_timeout_s (kombu redelivers anything held longer).
     prefetch_count: int = Field(default=1024, ge=1)
-    # Items of one priority a worker holds at most before it stops fetching that queue (high never stops);
-    # below it, a few of its largest batches (LoadedModels.hold_goal), so a job spreads over every worker.
-    max_held_items: int = Field(default=4096, ge=1)
+    # Items of one priority waiting to run that a worker holds at most before it stops fetching that queue
+    # (high never stops). Below it, what the worker runs in 0.1 s or a few of its largest batches
+    # (FetchThrottle), whichever is more, so a job spreads over every worker.
+    max_held_items: int = Field(default=32768, ge=1)
     visibility_timeout_s: int = Field(default=30, ge=4)
     # After the broker restarts empty, workers wait this long before ending never-delivered items as lost.
     lost_grace_s: float = Field(default=60.0, ge=0)

@@ -173,8 +173,15 @@ class TokenReport:
 StoreWork = ResultsToStore | Refusal | TokenReport
 
 
+class ToStore(Protocol):
+    """Where the prepare and run threads put what the store thread is to write (``Storer.put``)."""
+
+    def put(self, work: StoreWork, /) -> None: ...
+
+
 class Holdings:
-    """What the worker holds: unacknowledged deliveries, and items not yet stored by priority and job.
+    """What the worker holds: unacknowledged deliveries; items not yet stored, by priority and job; and of
+    those, the items still waiting to run (not yet handed to the store thread), by priority.
 
     Read by the consumer's thread (throttle, leases) and the watch thread (cancel checks), changed by the
     prepare and store threads; one lock keeps the counts whole.
@@ -184,6 +191,8 @@ class Holdings:
         self._lock = threading.Lock()
         self._deliveries: set[Delivery] = set()
         self._by_priority: Counter[str] = Counter()
+        self._waiting: Counter[str] = Counter()
+        self._handed = 0  # items handed to the store thread so far (the fetch throttle's rate)
         self._by_job: Counter[str] = Counter()
         self._message_items: dict[str, int] = {}  # per priority: the items of the last message taken
 
@@ -196,17 +205,34 @@ class Holdings:
         with self._lock:
             if count > 0:
                 self._message_items[job.priority] = count
+                self._waiting[job.priority] += count
             self._by_priority[job.priority] += count
             self._by_job[job.job_id] += count
             if self._by_job[job.job_id] <= 0:
                 del self._by_job[job.job_id]
+
+    def handed(self, runs: Iterable[tuple[Delivery, int]]) -> None:
+        """These items have their outcomes and go to the store: they no longer wait to run."""
+        with self._lock:
+            for delivery, count in runs:
+                self._waiting[delivery.job.priority] -= count
+                self._handed += count
 
     def acknowledged(self, deliveries: Iterable[Delivery]) -> None:
         with self._lock:
             self._deliveries.difference_update(deliveries)
 
     def items(self, priority: str) -> int:
+        """Items of ``priority`` not yet stored."""
         return self._by_priority[priority]
+
+    def waiting(self, priority: str) -> int:
+        """Items of ``priority`` not yet run (what another worker could have run instead)."""
+        return self._waiting[priority]
+
+    def handed_items(self) -> int:
+        """Items handed to the store thread since the worker started."""
+        return self._handed
 
     def message_items(self, priority: str) -> int | None:
         """How many items the last message of this priority held (None before the first)."""

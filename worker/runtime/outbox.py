@@ -29,8 +29,12 @@ TICK_S = 0.005
 # ... and while it holds nothing: an idle worker's outbox wakes this often (for its lease renewal and
 # hooks), not 200 times a second. Work put in the outbox meanwhile wakes it at once (``Hub.call_soon``).
 IDLE_TICK_S = 0.25
-# How often the fetch throttle reads its held-items goal again.
-GOAL_REFRESH_S = 1.0
+# How often the fetch throttle sets its held-items limit again, from the goal and the rate since.
+GOAL_REFRESH_S = 0.1
+# The fetch throttle's limit holds at least this long a run of items at the rate the worker stores them.
+HOLD_S = 0.1
+# Items that ran and wait for the store may reach this many times the fetch throttle's limit.
+STORE_BACKLOG = 4
 
 
 @dataclass
@@ -191,15 +195,20 @@ class LeaseRenewal:
 class FetchThrottle:
     """How many messages the worker may fetch from each queue now (the transport's fetch gate).
 
-    Priority must hold in the broker too. Normal and bulk stop at their held-items limit (resuming below
-    half), and a fetch takes no more of their messages than fits under it, judged by the size of the last
-    message of that priority (one message while none has been seen); they also leave part of the prefetch
-    window free, so an urgent message can always be fetched. High is never throttled. Nothing is fetched
-    while the store is stalled.
+    Priority must hold in the broker too. Normal and bulk stop when the items they hold waiting to run reach
+    the limit (resuming below half), and a fetch takes no more of their messages than fits under it, judged
+    by the size of the last message of that priority (one message while none has been seen); they also leave
+    part of the prefetch window free, so an urgent message can always be fetched. High is never throttled.
+    Nothing is fetched while the store is stalled.
 
-    The limit is ``hold_goal()`` (a few of the largest batches the loaded models form), at most
-    ``max_held_items``: what one worker holds, no other can run, so with several workers each takes only
-    what it will run soon and a burst of messages spreads over all of them.
+    The limit is what the worker runs in HOLD_S at the rate it has been storing items, or ``hold_goal()`` (a
+    few of the largest batches the loaded models form) if that is more, at most ``max_held_items``: what
+    one worker holds waiting, no other can run, so with several workers each takes only what it will run
+    soon and a burst of messages spreads over all of them, while a worker that finishes batches in a few
+    milliseconds (a small model on a fast device) holds enough to keep its threads busy. Items that have
+    run and wait for the store count against a bound STORE_BACKLOG times larger instead: no other worker
+    could run them, and the larger bound still stops a worker whose store lags from fetching without end.
+    Measured in bench/README.md, "The fetch throttle".
     """
 
     def __init__(
@@ -210,6 +219,7 @@ class FetchThrottle:
         reserve: int,
         stalled_s: Callable[[], float],
         hold_goal: Callable[[], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._holdings = holdings
         self._max = max_held_items
@@ -218,31 +228,44 @@ class FetchThrottle:
         self._reserve = reserve  # prefetch slots kept for unthrottled (high) messages
         self._stalled_s = stalled_s
         self._hold_goal = hold_goal
+        self._clock = clock
         self._goal_read = -math.inf
+        self._handed_then = 0
         self._paused: set[str] = set()
 
     def __call__(self, queues: Sequence[str], room: int) -> list[tuple[str, int]]:
         if self._stalled_s() > 0:
             return []
-        if self._hold_goal is not None and time.monotonic() - self._goal_read > GOAL_REFRESH_S:
-            self._goal_read = time.monotonic()  # models load and limits change rarely: a second is fresh
-            self._limit = max(1, min(self._max, self._hold_goal()))
+        now = self._clock()
+        if self._hold_goal is not None and now - self._goal_read > GOAL_REFRESH_S:
+            self._set_limit(now, self._hold_goal())
         plan = []
         for queue in queues:
             priority = self._priority_of.get(queue)
             plan.append((queue, room if priority is None else self._allowed(queue, priority, room)))
         return plan
 
+    def _set_limit(self, now: float, goal: int) -> None:
+        handed = self._holdings.handed_items()
+        if math.isfinite(self._goal_read):
+            rate = (handed - self._handed_then) / (now - self._goal_read)
+            goal = max(goal, int(rate * HOLD_S))
+        self._goal_read, self._handed_then = now, handed
+        self._limit = max(1, min(self._max, goal))
+
     def _allowed(self, queue: str, priority: str, room: int) -> int:
-        held = self._holdings.items(priority)
-        if held >= self._limit:
+        # Waiting items against the limit, all unstored ones against the store's larger bound.
+        waiting, held = self._holdings.waiting(priority), self._holdings.items(priority)
+        bound = self._limit * STORE_BACKLOG
+        if waiting >= self._limit or held >= bound:
             self._pause(queue, True)
-        elif held < self._limit // 2:
+        elif waiting < self._limit // 2 and held < bound // 2:
             self._pause(queue, False)
         if queue in self._paused:
             return 0
         size = self._holdings.message_items(priority)
-        messages = 1 if size is None else max(1, (self._limit - held) // max(1, size))
+        fits = min(self._limit - waiting, bound - held)
+        messages = 1 if size is None else max(1, fits // max(1, size))
         return max(0, min(messages, room - self._reserve))
 
     def _pause(self, queue: str, paused: bool) -> None:

@@ -22,7 +22,7 @@ from worker.batching.scheduler import Item, Scheduler
 from worker.calls import InferMessage, check_item, item_id, parse_message, plain_items
 from worker.errors import InvalidInput
 from worker.models.base import Model, StepModel
-from worker.runtime.deliveries import Delivery, Holdings, Pack, Refusal, ResultsToStore, StoreWork
+from worker.runtime.deliveries import Delivery, Holdings, Pack, Refusal, ResultsToStore, ToStore
 from worker.runtime.forward import error_text
 from worker.runtime.hooks import Admission, Hooks
 from worker.runtime.loaded_models import ISOLATED, LoadedModels
@@ -43,7 +43,7 @@ class Preparer:
         models: LoadedModels,
         scheduler: Scheduler,
         ready: threading.Condition,
-        results: queue.SimpleQueue[StoreWork | None],
+        results: ToStore,
         holdings: Holdings,
         hooks: Hooks,
         clock: Callable[[], float],

@@ -10,7 +10,6 @@ written before they run: rare, and it must be durable before a crash it may witn
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -18,7 +17,7 @@ from itertools import groupby
 from operator import attrgetter
 
 from worker.batching.scheduler import Batch, Item, Scheduler
-from worker.runtime.deliveries import Pack, ResultsToStore, StoreWork, TokenReport
+from worker.runtime.deliveries import Pack, ResultsToStore, TokenReport, ToStore
 from worker.runtime.forward import run_batch
 from worker.runtime.hooks import Hooks, Ran, Run
 from worker.runtime.loaded_models import LoadedModels, Stepping
@@ -37,7 +36,7 @@ class Runner:
         models: LoadedModels,
         scheduler: Scheduler,
         ready: threading.Condition,
-        results: queue.SimpleQueue[StoreWork | None],
+        results: ToStore,
         hooks: Hooks,
         clock: Callable[[], float],
         worker_name: str,

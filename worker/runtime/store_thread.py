@@ -52,6 +52,12 @@ class Storer:
         # Writer threads: the store says how many it takes at once (a SQLite file takes one writer).
         self.writers = max(1, getattr(store, "concurrent_writers", 1))
 
+    def put(self, work: StoreWork) -> None:
+        """Queue ``work`` for the writers; its items have run (or will not) and no longer wait."""
+        if isinstance(work, ResultsToStore):
+            self.holdings.handed(work.runs)
+        self.work.put(work)
+
     def stalled_s(self) -> float:
         """How long every write has failed for (0 while the store makes progress)."""
         since = self._failing_since

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,7 +14,16 @@ from celery import Celery
 
 from worker.calls import InferMessage
 from worker.runtime.deliveries import Delivery, Holdings
-from worker.runtime.outbox import IDLE_TICK_S, TICK_S, FetchThrottle, LeaseRenewal, Outbox, Settled
+from worker.runtime.outbox import (
+    HOLD_S,
+    IDLE_TICK_S,
+    STORE_BACKLOG,
+    TICK_S,
+    FetchThrottle,
+    LeaseRenewal,
+    Outbox,
+    Settled,
+)
 
 QUEUES = {"q.normal": "normal", "q.bulk": "bulk"}
 
@@ -200,10 +210,17 @@ def test_a_worker_whose_store_is_stalled_stops_renewing(monkeypatch: pytest.Monk
     assert channel.renewed == [["1"]]
 
 
+def ran(holdings: Holdings, priority: str, count: int) -> None:
+    """``count`` items of ``priority`` have run: handed to the store thread, as Storer.put does."""
+    holdings.handed([(SimpleNamespace(job=call(priority, count)), count)])  # type: ignore[list-item]
+
+
 def test_holdings_count_items_by_priority_and_job() -> None:
     holdings = Holdings()
     holdings.hold(call("bulk", 50, "a"), 50)
     holdings.hold(call("bulk", 20, "b"), 20)
+    ran(holdings, "bulk", 50)
+    assert holdings.items("bulk") == 70 and holdings.waiting("bulk") == 20 and holdings.handed_items() == 50
     holdings.hold(call("bulk", 50, "a"), -50)
     assert holdings.items("bulk") == 20 and holdings.jobs() == ["b"]
     assert holdings.message_items("bulk") == 20 and holdings.message_items("high") is None
@@ -232,10 +249,24 @@ def test_the_throttle_pauses_at_the_bound_and_resumes_below_half() -> None:
     gate = throttle(holdings)
     holdings.hold(call("bulk", 1000), 1000)
     assert gate(["q.bulk"], 100) == [("q.bulk", 0)]
-    holdings.hold(call("bulk", 1000), -400)
-    assert gate(["q.bulk"], 100) == [("q.bulk", 0)]  # 600 held: still above half
-    holdings.hold(call("bulk", 1000), -200)
-    assert gate(["q.bulk"], 100) == [("q.bulk", 1)]  # 400 held: resumed (one 1000-item message fits)
+    ran(holdings, "bulk", 400)
+    assert gate(["q.bulk"], 100) == [("q.bulk", 0)]  # 600 waiting: still above half
+    ran(holdings, "bulk", 200)
+    assert gate(["q.bulk"], 100) == [("q.bulk", 1)]  # 400 waiting: resumed (one 1000-item message fits)
+
+
+def test_items_that_ran_count_against_the_store_backlog_not_the_limit() -> None:
+    holdings = Holdings()
+    gate = throttle(holdings)  # limit 1000
+    holdings.hold(call("bulk", 500), 500)
+    ran(holdings, "bulk", 500)
+    assert gate(["q.bulk"], 100) == [("q.bulk", 2)]  # nothing waits: two 500-item messages fit the limit
+    for _ in range(2 * STORE_BACKLOG - 1):
+        holdings.hold(call("bulk", 500), 500)
+        ran(holdings, "bulk", 500)
+    assert gate(["q.bulk"], 100) == [("q.bulk", 0)]  # the store owes 4,000 items: the backlog's bound
+    holdings.hold(call("bulk", 500), -2500)
+    assert gate(["q.bulk"], 100) == [("q.bulk", 2)]  # 1,500 owed: below half the bound again
 
 
 def test_nothing_is_fetched_while_the_store_is_stalled() -> None:
@@ -251,3 +282,22 @@ def test_the_throttle_holds_a_few_batches_of_the_loaded_models_not_the_whole_bou
     assert gate(["q.normal"], 1024) == [("q.normal", 255)]
     capped = FetchThrottle(holdings, 100, QUEUES, 8, lambda: 0.0, hold_goal=lambda: 256)
     assert capped(["q.normal"], 1024) == [("q.normal", 99)]  # max_held_items still bounds the goal
+
+
+def test_the_limit_follows_the_rate_at_which_the_worker_stores_items() -> None:
+    # A worker that stores items quickly holds HOLD_S of them, not just a few batches: with four batches
+    # of 1,024 noop items it ran out of work between fetches, at 115k items/s instead of 170k.
+    holdings, now = Holdings(), [100.0]
+    holdings.hold(call("normal", 100), 100)
+    gate = FetchThrottle(
+        holdings, 100_000, QUEUES, 8, lambda: 0.0, hold_goal=lambda: 1000, clock=lambda: now[0]
+    )
+    assert gate(["q.normal"], 10_000) == [("q.normal", 9)]  # the goal until a rate is known
+    now[0] += 0.5
+    for _ in range(1000):  # 100,000 items run and stored in 0.5 s, in messages of 100: hold 0.1 s of them
+        holdings.hold(call("normal", 100), 100)
+        ran(holdings, "normal", 100)
+        holdings.hold(call("normal", 100), -100)
+    assert gate(["q.normal"], 10_000) == [("q.normal", int(200_000 * HOLD_S) // 100 - 1)]
+    now[0] += 0.5  # nothing ran since: back to the goal
+    assert gate(["q.normal"], 10_000) == [("q.normal", 9)]
