@@ -39,6 +39,9 @@ log = logging.getLogger("batchwork.api.batches")
 
 LEASE_S = 20.0  # a step not renewed for this long is taken over by another process
 POLL_S = 0.05  # how often each API process looks for batches to advance (a query per batch and job)
+# ... while it found none to advance: a batch made here wakes it at once (``kick``), and another process's
+# runner advances the batches that process made; this bounds how long a batch left by a dead process waits.
+IDLE_POLL_S = 1.0
 BATCH_PRIORITY = "bulk"  # an OpenAI batch is overnight work: it rides the bulk lane
 KEPT_PLANS = 8  # batches whose plan this process keeps for writing their output while their jobs run
 SWEEP_EVERY_S = 60.0  # how often each API process deletes the files past their expires_at
@@ -59,7 +62,8 @@ def unix(moment: datetime | None) -> int | None:
 
 
 class BatchRunner:
-    """A thread that advances every batch whose lease is free, every POLL_S (at once after a ``kick``)."""
+    """A thread that advances every batch whose lease is free, every POLL_S while there are some, every
+    IDLE_POLL_S while there are none, and at once after a ``kick``."""
 
     def __init__(self, served: Backend, files: FileStore, batches: BatchStore, uploads: UploadCache) -> None:
         self.served = served
@@ -91,11 +95,14 @@ class BatchRunner:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            open_batches = True  # a failed look is retried soon
             try:
                 if time.monotonic() - self._swept_at > SWEEP_EVERY_S:
                     self._swept_at = time.monotonic()
                     self.files.sweep_expired()
-                for batch_id in self.batches.claimable():
+                claimable = self.batches.claimable()
+                open_batches = bool(claimable)
+                for batch_id in claimable:
                     if self._stop.is_set():
                         return
                     self.step(batch_id)
@@ -105,7 +112,7 @@ class BatchRunner:
             except Exception:  # a bug in one step: its traceback, retried at the next poll
                 log.exception("advancing OpenAI batches failed; retrying")
                 self._stop.wait(1.0)
-            self._wake.wait(POLL_S)
+            self._wake.wait(POLL_S if open_batches else IDLE_POLL_S)
             self._wake.clear()
 
     def step(self, batch_id: str) -> None:
