@@ -199,8 +199,9 @@ def test_a_high_priority_job_overtakes_a_queued_bulk_backlog(stack, producer: di
     from worker.tasks import infer
 
     env, store = stack
-    # 20 ms + 0.25 ms per item: bulk batches of 64 take 36 ms, about 1,800 items/s. The worker holds up
-    # to 8,192 bulk items, 4.6 s of work: older than bulk's 2 s aging bound, which must not hold high back.
+    # 20 ms + 0.25 ms per item: bulk batches of 64 take 36 ms, about 1,800 items/s. The 16,000-item backlog
+    # is about 9 s of work, so bulk items wait far longer than bulk's 2 s aging bound: that must not hold
+    # high back.
     env.update(BATCHWORK_SIMULATED_BASE_MS="20", BATCHWORK_SIMULATED_PER_ITEM_MS="0.25")
     env["BATCHWORK_BATCHING"] = json.dumps({"simulated": {"max_batch_size": 64, "max_wait_ms": 20}})
     backlog = 16_000
