@@ -180,8 +180,9 @@ class ToStore(Protocol):
 
 
 class Holdings:
-    """What the worker holds: unacknowledged deliveries; items not yet stored, by priority and job; and of
-    those, the items still waiting to run (not yet handed to the store thread), by priority.
+    """What the worker holds: unacknowledged deliveries, and how many of them the prepare thread has not yet
+    read; items not yet stored, by priority and job; and of those, the items still waiting to run (not yet
+    handed to the store thread), by priority.
 
     Read by the consumer's thread (throttle, leases) and the watch thread (cancel checks), changed by the
     prepare and store threads; one lock keeps the counts whole.
@@ -190,6 +191,7 @@ class Holdings:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._deliveries: set[Delivery] = set()
+        self._unread = 0  # received, not yet taken by the prepare thread: their items are not counted yet
         self._by_priority: Counter[str] = Counter()
         self._waiting: Counter[str] = Counter()
         self._handed = 0  # items handed to the store thread so far (the fetch throttle's rate)
@@ -199,6 +201,16 @@ class Holdings:
     def received(self, delivery: Delivery) -> None:
         with self._lock:
             self._deliveries.add(delivery)
+            self._unread += 1
+
+    def read(self) -> None:
+        """The prepare thread has taken one received delivery (its items, if any, are held by now)."""
+        with self._lock:
+            self._unread -= 1
+
+    def unread(self) -> int:
+        """Deliveries received and not yet read: the fetch throttle counts each as a message's items."""
+        return self._unread
 
     def hold(self, job: InferMessage | JobSpec, count: int) -> None:
         """``count`` more (or, negative, fewer) items of ``job`` are waiting to be stored."""

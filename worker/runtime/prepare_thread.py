@@ -68,6 +68,8 @@ class Preparer:
                     log.exception("could not take message %s", delivery.task_id[:80])
                     if delivery.call is None:
                         self.results.put(Refusal(delivery, "internal error while preparing the message"))
+                finally:
+                    self.holdings.read()
                 count += delivery.pending
                 if count >= MAX_GROUP_ITEMS:
                     self._schedule(items)  # large messages: the run thread need not wait for all

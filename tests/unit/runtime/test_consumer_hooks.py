@@ -244,6 +244,25 @@ def test_the_throttle_takes_as_many_messages_as_fit_under_the_item_bound() -> No
     assert throttle(holdings)(["q.normal"], 12) == [("q.normal", 4)]  # 8 prefetch slots stay for high
 
 
+def test_messages_fetched_but_not_yet_read_count_as_one_message_each() -> None:
+    # The consumer asks again within milliseconds, before the prepare thread has read what it fetched:
+    # those messages must count, or a worker takes several times its limit (the chaos test's fresh workers).
+    holdings = Holdings()
+    gate = throttle(holdings, limit=200)
+    first = delivery("1")
+    holdings.received(first)
+    assert gate(["q.normal"], 64) == [("q.normal", 0)]  # its size is unknown until it is read
+    holdings.hold(call("normal", 50), 50)
+    holdings.read()
+    assert gate(["q.normal"], 64) == [("q.normal", 3)]  # 150 more fit: three messages of 50
+    for tag in "234":
+        holdings.received(delivery(tag))
+    assert gate(["q.normal"], 64) == [("q.normal", 0)]  # 50 held and three unread of 50: the limit
+    holdings.hold(call("normal", 50), 50)
+    holdings.read()
+    assert holdings.unread() == 2 and gate(["q.normal"], 64) == [("q.normal", 0)]
+
+
 def test_the_throttle_pauses_at_the_bound_and_resumes_below_half() -> None:
     holdings = Holdings()
     gate = throttle(holdings)
