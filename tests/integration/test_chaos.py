@@ -101,7 +101,8 @@ def test_sigkilled_workers_lose_nothing_and_duplicate_nothing_and_recover_in_bou
         simulated_per_item_ms="10",
         batching={"simulated": {"max_batch_size": 32, "max_wait_ms": 10}},
         # A worker killed every 3 s can be killed three times while running the same innocent item, which
-        # the default delivery cap (3) would take for a poison input; churn like this wants a higher cap.
+        # the default delivery cap (3) would take for a poison input; churn like this wants a higher cap,
+        # under which a batch that died once runs again as a batch (hooks/journal.py, ALONE_AFTER).
         max_deliveries="20",
     )
     fleet = Fleet(env)

@@ -1,5 +1,6 @@
 """The engine's hook points: hooks run in order, a message one hook drops never reaches the hooks after it,
-and the cancellation and deadline hooks drop whole messages with the error stored for their items."""
+the cancellation and deadline hooks drop whole messages with the error stored for their items, and the
+journal's rule for where a suspect runs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from worker.runtime.deliveries import Delivery, Holdings, Pack
 from worker.runtime.hooks import Hook, Hooks, Run, Scope
 from worker.runtime.hooks.cancellation import Cancellation
 from worker.runtime.hooks.deadlines import EXPIRED, Deadlines
+from worker.runtime.hooks.journal import placement
 
 
 class FakeMessage:
@@ -73,3 +75,21 @@ def test_a_hook_is_called_only_for_the_messages_in_its_scope_and_not_while_idle(
     cancels.refresh()
     left, _ = hooks.before_batch(runs)
     assert [pack.delivery.call.job_id for pack, _ in left] == ["timed"]  # type: ignore[union-attr]
+
+
+def test_a_suspect_runs_with_the_others_after_one_death_alone_after_two_or_on_its_last_run() -> None:
+    # The default cap (3): the second delivery runs in a batch, the third (the last allowed) alone, and a
+    # third death ends the item with its error.
+    assert [placement(deaths, 3) for deaths in range(4)] == ["batch", "alone", "ended", "ended"]
+    # A higher cap tolerates churn: one death (a preempted node) does not serialise the batch that died.
+    assert [placement(deaths, 20) for deaths in (0, 1, 2, 17, 18, 19)] == [
+        "batch",
+        "batch",
+        "alone",
+        "alone",
+        "alone",
+        "ended",
+    ]
+    # A cap of 2: the only rerun is the last, so it runs alone; a cap of 1 never reruns a suspect.
+    assert [placement(deaths, 2) for deaths in range(2)] == ["alone", "ended"]
+    assert placement(0, 1) == "ended"

@@ -4,10 +4,11 @@ A message whose worker vanished before acknowledging it comes back marked as los
 before a batch holding any runs, each suspect's death count goes up by one in Redis, and down again when the
 batch returns (the writes the run thread waits for, and only on this rare path): only the batch in flight
 when a worker dies keeps its counts. A count is deleted once its item's outcome is committed. A suspect
-that has seen a death, or whose next death would be its last, runs alone, so a crash names it; one that has
-seen ``max_deliveries - 1`` is not run again but stored with an error naming why (a worker died running it
-that many times, plus the first, unjournaled run). Items of first deliveries are never journaled: the engine
-calls this hook for redelivered messages only, so the common path does no I/O and never enters this module.
+that has seen ALONE_AFTER deaths, or whose next death would be its last, runs alone, so a crash names it;
+one that has seen ``max_deliveries - 1`` is not run again but stored with an error naming why (a worker died
+running it that many times, plus the first, unjournaled run). Items of first deliveries are never journaled:
+the engine calls this hook for redelivered messages only, so the common path does no I/O and never enters
+this module.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from worker.runtime.deliveries import Delivery, Pack, ResultsToStore
 from worker.runtime.hooks import Admission, Hook, Ran, Run, Scope
 
 log = logging.getLogger(__name__)
+
+# Deaths after which a suspect runs alone. One death is as often a fleet's churn (a preempted node, a
+# deploy, the OOM killer answering the whole batch) as a poison input, and running every item of the batch
+# that died alone serialises its recovery on one worker (the chaos test: 24 items at 0.3 s each, while the
+# other workers idled). A second death while running the same item is a pattern. With the default cap (3)
+# the last allowed run comes first and is alone either way.
+ALONE_AFTER = 2
 
 DEATHS_ERROR = (
     "the worker running this item died {deaths} times (a crash, os._exit or the out-of-memory killer); "
@@ -64,9 +72,20 @@ class Journal:
             self.client.hdel(self.keys.item_deaths, *(f"{job_id}:{index}" for job_id, index in items))
 
 
+def placement(deaths: int, max_deliveries: int) -> str:
+    """Where a suspect that has seen ``deaths`` goes: "ended" (stored with an error, not run again),
+    "alone" (its own batch, so a crash names it) or "batch" (with the others)."""
+    if deaths >= max_deliveries - 1:
+        return "ended"
+    if deaths >= ALONE_AFTER or deaths == max_deliveries - 2:
+        return "alone"
+    return "batch"
+
+
 class PoisonItems(Hook):
-    """The journal at the engine's hook points: suspects past the cap end at once, those near it run alone,
-    and every suspect's count goes up while it runs and is deleted once its outcome is stored."""
+    """The journal at the engine's hook points: suspects past the cap end at once, those near it or seen
+    dying twice run alone, and every suspect's count goes up while it runs and is deleted once its outcome
+    is stored."""
 
     scope: Scope = "redelivered"
 
@@ -82,10 +101,10 @@ class PoisonItems(Hook):
         deaths = self.journal.deaths(call.job_id, [call.index(p) for p in range(len(call.inputs))])
         limit = self.max_deliveries
         for position, count in enumerate(deaths):
-            if count >= limit - 1:
+            placed = placement(count, limit)
+            if placed == "ended":
                 admission.ended[position] = DEATHS_ERROR.format(deaths=count + 1, limit=limit)
-            elif count or count == limit - 2:
-                # Alone once it has seen a death, or when its next death would be its last: a crash names it.
+            elif placed == "alone":
                 admission.alone.add(position)
 
     def before_batch(self, runs: Sequence[Run]) -> dict[Pack, str]:
