@@ -203,10 +203,10 @@ class Holdings:
             self._deliveries.add(delivery)
             self._unread += 1
 
-    def read(self) -> None:
-        """The prepare thread has taken one received delivery (its items, if any, are held by now)."""
+    def read(self, count: int) -> None:
+        """The prepare thread has taken ``count`` received deliveries (their items, if any, are held now)."""
         with self._lock:
-            self._unread -= 1
+            self._unread -= count
 
     def unread(self) -> int:
         """Deliveries received and not yet read: the fetch throttle counts each as a message's items."""

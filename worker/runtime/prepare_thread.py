@@ -68,12 +68,12 @@ class Preparer:
                     log.exception("could not take message %s", delivery.task_id[:80])
                     if delivery.call is None:
                         self.results.put(Refusal(delivery, "internal error while preparing the message"))
-                finally:
-                    self.holdings.read()
                 count += delivery.pending
                 if count >= MAX_GROUP_ITEMS:
                     self._schedule(items)  # large messages: the run thread need not wait for all
                     items, count = [], 0
+            # Read once their items are held (the throttle counts them twice a moment, never not at all).
+            self.holdings.read(len(group))
             self._schedule(items)
             if last:
                 return

@@ -253,13 +253,13 @@ def test_messages_fetched_but_not_yet_read_count_as_one_message_each() -> None:
     holdings.received(first)
     assert gate(["q.normal"], 64) == [("q.normal", 0)]  # its size is unknown until it is read
     holdings.hold(call("normal", 50), 50)
-    holdings.read()
+    holdings.read(1)
     assert gate(["q.normal"], 64) == [("q.normal", 3)]  # 150 more fit: three messages of 50
     for tag in "234":
         holdings.received(delivery(tag))
     assert gate(["q.normal"], 64) == [("q.normal", 0)]  # 50 held and three unread of 50: the limit
     holdings.hold(call("normal", 50), 50)
-    holdings.read()
+    holdings.read(1)
     assert holdings.unread() == 2 and gate(["q.normal"], 64) == [("q.normal", 0)]
 
 
