@@ -107,7 +107,14 @@ class Preparer:
         delivery.call = call
         delivery.pending = len(call.inputs)
         self.holdings.hold(call, len(call.inputs))
-        admission = self.hooks.received(delivery)
+        try:
+            admission = self.hooks.received(delivery)
+        except Exception as exc:  # a hook's bug: the message must still end, not stay held and unsettled
+            log.exception("admitting message %s failed", delivery.task_id[:80])
+            self._fail(
+                delivery, range(len(call.inputs)), f"internal error admitting the item: {error_text(exc)}"
+            )
+            return
         try:
             model = self.models.get(call.model)
         except Exception as exc:

@@ -15,11 +15,16 @@ from typing import Any
 
 import orjson
 import pytest
+import redis
 
 from tests.support.memory_store import MemoryStore, MemoryTunedLimits
+from worker.broker.keys import Keys
 from worker.calls import InferMessage
 from worker.models.base import Model
+from worker.runtime.deliveries import Delivery
 from worker.runtime.engine import Engine
+from worker.runtime.hooks import Admission, Hook, Hooks
+from worker.runtime.hooks.journal import Journal
 from worker.runtime.outbox import Outbox
 from worker.settings import BatchingSettings, Settings
 from worker.store.values import ItemRecord, JobSpec
@@ -98,12 +103,23 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
 class Running:
     """An engine on its threads, its store, tuned limits and clock."""
 
-    def __init__(self, settings: Settings, tuned: dict[str, dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        tuned: dict[str, dict[str, Any]] | None = None,
+        journal: Journal | None = None,
+    ) -> None:
         self.store = MemoryStore()
         self.tuned = MemoryTunedLimits(tuned)
         self.clock = FakeClock()
         self.engine = Engine(
-            settings, self.store, Outbox(), tuned_limits=self.tuned, worker_name="w@test", clock=self.clock
+            settings,
+            self.store,
+            Outbox(),
+            tuned_limits=self.tuned,
+            worker_name="w@test",
+            journal=journal,
+            clock=self.clock,
         )
 
     def send(self, *sent: FakeMessage) -> None:
@@ -241,3 +257,56 @@ def test_explicit_settings_go_over_tuned_limits_in_the_worker(start: Callable[..
     running.send(sent)
     running.stored(job_of(sent), 5)
     assert [b.size for b in running.store.batches] == [3, 2]
+
+
+class DownJournal(Journal):
+    """The journal while Redis is down: every call fails as redis-py's does."""
+
+    def __init__(self) -> None:
+        super().__init__(redis.Redis(), Keys("test"))  # never connects: every call below fails first
+
+    def deaths(self, job_id: str, indices: Sequence[int]) -> list[int]:
+        raise redis.ConnectionError("Error 111 connecting to localhost:6379. Connection refused.")
+
+    def _add(self, items: Sequence[tuple[str, int]], amount: int) -> None:
+        self.deaths("", [])
+
+    def stored(self, items: Sequence[tuple[str, int]]) -> None:
+        self.deaths("", [])
+
+
+def test_a_redelivered_message_still_ends_when_its_death_counts_cannot_be_read(
+    start: Callable[..., Running],
+) -> None:
+    # Its worker died, so its items are suspects; with the counts unreadable each runs alone, as if it had
+    # died before, and the message is settled and acknowledged (it used to stay held, never settled).
+    running = start(journal=DownJournal())
+    sent = message(RECORDER, ["a", "b", "c"])
+    sent.properties["batchwork_lost"] = 1
+    running.send(sent)
+    outcomes = running.stored(job_of(sent), 3)
+    assert [(o.output, o.error) for o in outcomes] == [("A", None), ("B", None), ("C", None)]
+    assert [(b.lane, b.size) for b in running.store.batches] == [("isolated", 1)] * 3
+    wait_until(lambda: sent.acks == 1)
+
+
+class Broken(Hook):
+    scope = "every"
+
+    def received(self, delivery: Delivery, admission: Admission) -> None:
+        raise RuntimeError("a bug in a hook")
+
+
+def test_a_message_a_hook_fails_to_admit_ends_with_the_error_and_is_acknowledged(
+    start: Callable[..., Running],
+) -> None:
+    running = start()
+    running.engine.preparer.hooks = Hooks([Broken()])
+    sent = message(RECORDER, ["a", "b"])
+    running.send(sent)
+    outcomes = running.stored(job_of(sent), 2)
+    assert [o.error for o in outcomes] == [
+        "internal error admitting the item: RuntimeError: a bug in a hook"
+    ] * 2
+    assert Recorder.ran == []
+    wait_until(lambda: sent.acks == 1)

@@ -98,7 +98,19 @@ class PoisonItems(Hook):
         call = delivery.call
         if not delivery.lost or call is None:
             return
-        deaths = self.journal.deaths(call.job_id, [call.index(p) for p in range(len(call.inputs))])
+        positions = range(len(call.inputs))
+        try:
+            deaths = self.journal.deaths(call.job_id, [call.index(p) for p in positions])
+        except Exception as exc:
+            # Redis failed the read: every suspect runs alone, as if it had died before. A crash still names
+            # its item, and the cap counts one delivery late; raising would leave the message held for good.
+            log.warning(
+                "could not read the death counts of %d suspect items (%s): they run alone",
+                len(positions),
+                exc,
+            )
+            admission.alone.update(positions)
+            return
         limit = self.max_deliveries
         for position, count in enumerate(deaths):
             placed = placement(count, limit)
