@@ -18,7 +18,7 @@ from operator import attrgetter
 
 from worker.batching.scheduler import Batch, Item, Scheduler
 from worker.runtime.deliveries import Pack, ResultsToStore, TokenReport, ToStore
-from worker.runtime.forward import run_batch
+from worker.runtime.forward import error_text, run_batch
 from worker.runtime.hooks import Hooks, Ran, Run
 from worker.runtime.loaded_models import LoadedModels, Stepping
 from worker.settings import Settings
@@ -64,11 +64,28 @@ class Runner:
             for unit in work:
                 try:
                     if isinstance(unit, Batch):
-                        self.results.put(self._run(unit))
+                        self.results.put(self._run_or_fail(unit))
                     else:
                         self._step(unit)
                 except Exception:  # run_batch isolates model errors; this is a bug of ours
                     log.exception("running %s failed", unit)
+
+    def _run_or_fail(self, batch: Batch) -> ResultsToStore:
+        """The batch's outcomes; if running it failed outside the model (a bug of ours, or a hook's), each of
+        its items ends with that error: they left the scheduler, and nothing else would ever settle them."""
+        try:
+            return self._run(batch)
+        except Exception as exc:
+            log.exception("running %s failed", batch)
+            error = f"internal error running the batch: {error_text(exc)}"
+            write = ResultsToStore()
+            for pack, mine in _runs(batch.items):
+                for item in mine:
+                    write.add(
+                        ItemRecord(item.job_id, item.index, pack.item_id(item.index), error=error),
+                        pack.delivery,
+                    )
+            return write
 
     def _next_work(self) -> list[Work] | None:
         """A ready batch, and one step of every continuously batched model with work; None once stopping."""

@@ -21,9 +21,9 @@ from tests.support.memory_store import MemoryStore, MemoryTunedLimits
 from worker.broker.keys import Keys
 from worker.calls import InferMessage
 from worker.models.base import Model
-from worker.runtime.deliveries import Delivery
+from worker.runtime.deliveries import Delivery, Pack
 from worker.runtime.engine import Engine
-from worker.runtime.hooks import Admission, Hook, Hooks
+from worker.runtime.hooks import Admission, Hook, Hooks, Run
 from worker.runtime.hooks.journal import Journal
 from worker.runtime.outbox import Outbox
 from worker.settings import BatchingSettings, Settings
@@ -296,6 +296,9 @@ class Broken(Hook):
     def received(self, delivery: Delivery, admission: Admission) -> None:
         raise RuntimeError("a bug in a hook")
 
+    def before_batch(self, runs: Sequence[Run]) -> dict[Pack, str]:
+        raise RuntimeError("a bug in a hook")
+
 
 def test_a_message_a_hook_fails_to_admit_ends_with_the_error_and_is_acknowledged(
     start: Callable[..., Running],
@@ -307,6 +310,21 @@ def test_a_message_a_hook_fails_to_admit_ends_with_the_error_and_is_acknowledged
     outcomes = running.stored(job_of(sent), 2)
     assert [o.error for o in outcomes] == [
         "internal error admitting the item: RuntimeError: a bug in a hook"
+    ] * 2
+    assert Recorder.ran == []
+    wait_until(lambda: sent.acks == 1)
+
+
+def test_a_batch_that_fails_outside_the_model_ends_its_items_with_the_error(
+    start: Callable[..., Running],
+) -> None:
+    running = start()
+    running.engine.runner.hooks = Hooks([Broken()])
+    sent = message(RECORDER, ["a", "b"])
+    running.send(sent)
+    outcomes = running.stored(job_of(sent), 2)
+    assert [o.error for o in outcomes] == [
+        "internal error running the batch: RuntimeError: a bug in a hook"
     ] * 2
     assert Recorder.ran == []
     wait_until(lambda: sent.acks == 1)
