@@ -122,6 +122,22 @@ class Counter(StepModel):
         return done
 
 
+class StepFails(Counter):
+    """Counter whose step raises while a sequence of count 13 runs (the device failing part way)."""
+
+    name = "step-fails"
+
+    def step(self) -> list[FinishedSequence]:
+        if any(count == 13 for count, _ in self._running.values()):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().step()
+
+    def abort(self, error: str) -> list[FinishedSequence]:
+        gone = [FinishedSequence(key, error=error) for key in self._running]
+        self._running.clear()
+        return gone
+
+
 class SlowEmbed(Model):
     """An embed model whose vector tells its input: [length of the text, 1.0, its first character's code];
     each batch takes 20 ms, so a batch of thousands of inputs is still running when a test kills a worker."""

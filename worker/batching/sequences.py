@@ -145,6 +145,20 @@ class SequenceScheduler:
         self._running = staying
         return done
 
+    def abort(self, error: str) -> list[RetiredSequence]:
+        """Every admitted sequence leaves with ``error`` (a rejected one with its own) and frees its pages:
+        a step failed part way, so no sequence's cache or tokens can be trusted to go on from."""
+        every = [*self._running, *self._waiting]
+        for seq in every:
+            self.pages.release(seq.pages)
+        gone = [RetiredSequence(seq.key, error=seq.prompt.error) for seq in self._rejected]
+        gone += [
+            RetiredSequence(seq.key, error=error, prompt=seq.prompt)
+            for seq in sorted(every, key=lambda s: s.order)
+        ]
+        self._running, self._waiting, self._rejected = [], [], []
+        return gone
+
     def _make_room(self) -> list[LiveSequence]:
         """A page for each running sequence whose next token starts one; preempts the newest while short."""
         while True:

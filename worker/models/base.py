@@ -186,5 +186,10 @@ class StepModel(Model):
         """(key, tokens generated so far) of each running sequence, for ``batchwork status``."""
         return []
 
+    def abort(self, error: str) -> list[FinishedSequence]:
+        """End every admitted sequence with ``error`` and free what they hold: ``step`` raised, and the engine
+        must not step them again (each step would fail the same way) nor leave their items unfinished."""
+        raise NotImplementedError
+
     def forward(self, payloads: Sequence[Any]) -> Sequence[Any]:
         raise TypeError(f"{type(self).__name__} runs step by step; the engine drives it with admit/step")

@@ -17,6 +17,7 @@ from itertools import groupby
 from operator import attrgetter
 
 from worker.batching.scheduler import Batch, Item, Scheduler
+from worker.models.base import FinishedSequence
 from worker.runtime.deliveries import Pack, ResultsToStore, TokenReport, ToStore
 from worker.runtime.forward import error_text, run_batch
 from worker.runtime.hooks import Hooks, Ran, Run
@@ -173,7 +174,7 @@ class Runner:
             if item is None:
                 break
             self._admit(stepping, item, write)
-        for finished in model.step():
+        for finished in self._stepped(stepping):
             key: Item = finished.key
             pack: Pack = key.ref
             if self._alone.get(name) is key:
@@ -191,6 +192,18 @@ class Runner:
         if len(write):
             self.results.put(write)
         self._report_tokens(stepping)
+
+    def _stepped(self, stepping: Stepping) -> list[FinishedSequence]:
+        """One step's finished sequences; if the step raised (the device out of memory part way through a
+        decode, a bug), every admitted sequence ends with that error, or each later step would fail alike
+        and their items never end."""
+        name, model = stepping
+        try:
+            return model.step()
+        except Exception as exc:
+            log.exception("%s: a step failed; its %d sequences end with the error", name, model.running())
+            self._alone.pop(name, None)
+            return model.abort(f"the model failed while generating: {error_text(exc)}")
 
     def _fits(self, stepping: Stepping, item: Item) -> bool:
         alone = item.ref.alone(item.index)

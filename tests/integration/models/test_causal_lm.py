@@ -220,3 +220,31 @@ def test_a_bad_checkpoint_is_one_line_naming_the_path(make: str, tmp_path: Path)
     with pytest.raises((RuntimeError, FileNotFoundError)) as raised:
         model_class(entry, settings)(settings).load("cpu")
     assert str(directory) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_after_a_step_fails_every_sequence_ends_with_the_error_and_the_next_are_right(
+    tiny_checkpoints: dict[str, Path],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checkpoint = tiny_checkpoints["llama"]
+    model = engine(checkpoint, kv_budget_tokens=96)
+    for key, prompt in enumerate(payloads(model, ITEMS[:4])):
+        model.admit(key, prompt)
+    left = {g.key for g in model.advance()}  # "Hi" (one token) is done; the rest hold pages or wait
+    network = model._network
+    assert network is not None
+
+    def fails(*args: object) -> None:
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(network, "decode", fails)
+    with pytest.raises(RuntimeError):
+        model.step()
+    gone = model.abort("the model failed")
+    assert sorted(g.key for g in gone) == sorted({0, 1, 2, 3} - left)
+    assert {g.error for g in gone} == {"the model failed"}
+    assert model.running() == 0
+    monkeypatch.undo()
+    # Every page came back: the same requests run again, under the same budget, to the reference's ids.
+    done = generations(model, payloads(model, ITEMS))
+    assert [list(generation.token_ids) for generation in done] == reference_ids(checkpoint, ITEMS)

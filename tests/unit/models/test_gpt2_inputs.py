@@ -178,6 +178,24 @@ def test_a_rejected_payload_leaves_at_the_next_step_with_its_error() -> None:
     assert scheduler.running() == 0
 
 
+def test_after_a_failed_step_every_admitted_sequence_leaves_with_the_error_and_frees_its_pages() -> None:
+    pages = FakePages(4)
+    scheduler = SequenceScheduler(pages, max_running=4)
+    scheduler.admit("running", prompt(15, 40))
+    step(scheduler)  # "running" holds pages now
+    scheduler.admit("waiting", prompt(3, 2))
+    scheduler.admit("bad", Prompt((), 0, error="too long"))
+    gone = scheduler.abort("the model failed")
+    assert [(g.key, g.error) for g in gone] == [
+        ("bad", "too long"),
+        ("running", "the model failed"),
+        ("waiting", "the model failed"),
+    ]
+    assert scheduler.running() == 0 and pages.free_pages == 4
+    scheduler.admit("after", prompt(3, 2))  # and it goes on serving
+    assert step(scheduler) == [] and step(scheduler) == [RetiredSequence("after", (1, 1), "length")]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     pages=st.integers(min_value=4, max_value=12),

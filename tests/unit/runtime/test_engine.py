@@ -32,6 +32,7 @@ from worker.store.values import ItemRecord, JobSpec
 ECHO = "tests.support.models:Echo"
 POISON = "tests.support.models:Poison"
 RECORDER = "tests.unit.runtime.test_engine:Recorder"
+STEP_FAILS = "tests.support.models:StepFails"
 
 
 class Recorder(Model):
@@ -328,3 +329,19 @@ def test_a_batch_that_fails_outside_the_model_ends_its_items_with_the_error(
     ] * 2
     assert Recorder.ran == []
     wait_until(lambda: sent.acks == 1)
+
+
+def test_a_step_that_raises_ends_the_running_sequences_and_the_model_serves_on(
+    start: Callable[..., Running],
+) -> None:
+    running = start(Settings(models=[STEP_FAILS]))
+    doomed = message(STEP_FAILS, [{"count": 3}, {"count": 13}])
+    running.send(doomed)
+    outcomes = running.stored(job_of(doomed), 2)
+    error = "the model failed while generating: RuntimeError: CUDA error: an illegal memory access was "
+    error += "encountered"
+    assert [o.error for o in outcomes] == [error, error]
+    wait_until(lambda: doomed.acks == 1)
+    later = message(STEP_FAILS, [{"count": 2}])
+    running.send(later)
+    assert [o.output for o in running.stored(job_of(later), 1)] == [{"counted": [1, 2]}]

@@ -238,6 +238,12 @@ class CausalLM(StepModel):
     def step(self) -> list[FinishedSequence]:
         return [self._finished(generation) for generation in self.advance()]
 
+    def abort(self, error: str) -> list[FinishedSequence]:
+        return [
+            FinishedSequence(gone.key, error=gone.error)
+            for gone in _loaded(self._scheduler, "abort").abort(error)
+        ]
+
     def advance(self) -> list[RetiredSequence]:
         """One step: every running sequence gains a token, waiting ones that fit are prefilled and gain
         their first; those that reached EOS, a stop string or max_new_tokens leave, with their token ids."""
