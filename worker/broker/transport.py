@@ -183,6 +183,7 @@ class Channel(FetchingChannel):
             payload = orjson.loads(raw)
             payload["properties"]["delivery_tag"] = tag
             payload["properties"]["batchwork_lost"] = lost
+            payload["properties"]["batchwork_queue"] = queue  # the fetch throttle's count of unread messages
         except (orjson.JSONDecodeError, TypeError, KeyError) as exc:
             # Not a kombu message (something else pushed to our queue): nothing can run it; never hold it.
             log.error("dropped a message in %s that is not a kombu message (%s): %r", queue, exc, raw[:200])

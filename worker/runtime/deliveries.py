@@ -44,6 +44,11 @@ class Delivery:
         return str(self.message.headers.get("id"))
 
     @property
+    def queue(self) -> str:
+        """The queue it was fetched from ("" where no transport says: the embedded run's broker)."""
+        return str(self.message.properties.get("batchwork_queue", ""))
+
+    @property
     def lost(self) -> int:
         """How often a worker holding this message vanished before acknowledging it (0: a first delivery)."""
         lost = self.message.properties.get("batchwork_lost", 0)
@@ -180,7 +185,7 @@ class ToStore(Protocol):
 
 
 class Holdings:
-    """What the worker holds: unacknowledged deliveries, and how many of them the prepare thread has not yet
+    """What the worker holds: unacknowledged deliveries, and by queue how many the prepare thread has not yet
     read; items not yet stored, by priority and job; and of those, the items still waiting to run (not yet
     handed to the store thread), by priority.
 
@@ -191,7 +196,8 @@ class Holdings:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._deliveries: set[Delivery] = set()
-        self._unread = 0  # received, not yet taken by the prepare thread: their items are not counted yet
+        # By queue: received, not yet read by the prepare thread (their items are not counted yet).
+        self._unread: Counter[str] = Counter()
         self._by_priority: Counter[str] = Counter()
         self._waiting: Counter[str] = Counter()
         self._handed = 0  # items handed to the store thread so far (the fetch throttle's rate)
@@ -201,16 +207,16 @@ class Holdings:
     def received(self, delivery: Delivery) -> None:
         with self._lock:
             self._deliveries.add(delivery)
-            self._unread += 1
+            self._unread[delivery.queue] += 1
 
-    def read(self, count: int) -> None:
-        """The prepare thread has taken ``count`` received deliveries (their items, if any, are held now)."""
+    def read(self, deliveries: Iterable[Delivery]) -> None:
+        """The prepare thread has taken these received deliveries (their items, if any, are held now)."""
         with self._lock:
-            self._unread -= count
+            self._unread.subtract(delivery.queue for delivery in deliveries)
 
-    def unread(self) -> int:
-        """Deliveries received and not yet read: the fetch throttle counts each as a message's items."""
-        return self._unread
+    def unread(self, queue: str) -> int:
+        """Deliveries from ``queue`` received and not yet read: the throttle counts each as a message."""
+        return self._unread[queue]
 
     def hold(self, job: InferMessage | JobSpec, count: int) -> None:
         """``count`` more (or, negative, fewer) items of ``job`` are waiting to be stored."""

@@ -263,11 +263,11 @@ class FetchThrottle:
             self._pause(queue, False)
         if queue in self._paused:
             return 0
-        # Messages fetched but not yet read hold items the counts do not show yet: each counts as one
-        # message of this priority, or, before the first is read, stops further fetches until it is. Without
-        # this a worker fetches again every few milliseconds while its prepare thread catches up, and takes
-        # several times its limit (a fresh worker took 7 messages of 50 against a limit of 128).
-        size, unread = self._holdings.message_items(priority), self._holdings.unread()
+        # Messages fetched from this queue but not yet read hold items the counts do not show yet: each counts
+        # as one message of its priority, or, before the first is read, stops further fetches until it is.
+        # Without this a worker fetches again every few milliseconds while its prepare thread catches up, and
+        # takes several times its limit (a fresh worker took 7 messages of 50 against a limit of 128).
+        size, unread = self._holdings.message_items(priority), self._holdings.unread(queue)
         if size is None:
             messages = 0 if unread else 1
         else:

@@ -73,7 +73,7 @@ class Preparer:
                     self._schedule(items)  # large messages: the run thread need not wait for all
                     items, count = [], 0
             # Read once their items are held (the throttle counts them twice a moment, never not at all).
-            self.holdings.read(len(group))
+            self.holdings.read(group)
             self._schedule(items)
             if last:
                 return

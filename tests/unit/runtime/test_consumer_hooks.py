@@ -112,8 +112,9 @@ def event_dispatcher() -> Iterator[tuple[Any, RecordingProducer]]:
         yield dispatcher, producer
 
 
-def delivery(tag: str, lost: int = 0) -> Delivery:
-    return Delivery(FakeMessage(tag, {"id": f"task-{tag}"}, {"batchwork_lost": lost}), 0.0)
+def delivery(tag: str, lost: int = 0, queue: str = "q.normal") -> Delivery:
+    properties = {"batchwork_lost": lost, "batchwork_queue": queue}
+    return Delivery(FakeMessage(tag, {"id": f"task-{tag}"}, properties), 0.0)
 
 
 def call(priority: str, items: int, job: str = "j") -> InferMessage:
@@ -253,14 +254,25 @@ def test_messages_fetched_but_not_yet_read_count_as_one_message_each() -> None:
     holdings.received(first)
     assert gate(["q.normal"], 64) == [("q.normal", 0)]  # its size is unknown until it is read
     holdings.hold(call("normal", 50), 50)
-    holdings.read(1)
+    holdings.read([first])
     assert gate(["q.normal"], 64) == [("q.normal", 3)]  # 150 more fit: three messages of 50
-    for tag in "234":
-        holdings.received(delivery(tag))
+    more = [delivery(tag) for tag in "234"]
+    for each in more:
+        holdings.received(each)
     assert gate(["q.normal"], 64) == [("q.normal", 0)]  # 50 held and three unread of 50: the limit
     holdings.hold(call("normal", 50), 50)
-    holdings.read(1)
-    assert holdings.unread() == 2 and gate(["q.normal"], 64) == [("q.normal", 0)]
+    holdings.read(more[:1])
+    assert holdings.unread("q.normal") == 2 and gate(["q.normal"], 64) == [("q.normal", 0)]
+
+
+def test_unread_messages_of_one_queue_never_hold_back_another() -> None:
+    # A stream of normal messages always has some unread; bulk, counted apart, still gets its share.
+    holdings = Holdings()
+    gate = throttle(holdings, limit=1000)
+    holdings.hold(call("bulk", 100), 100)
+    for tag in range(500):
+        holdings.received(delivery(str(tag), queue="q.normal"))
+    assert gate(["q.normal", "q.bulk"], 2000) == [("q.normal", 0), ("q.bulk", 9)]
 
 
 def test_the_throttle_pauses_at_the_bound_and_resumes_below_half() -> None:
