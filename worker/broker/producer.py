@@ -9,6 +9,7 @@ in SQL (see ``PendingJobs``). Nothing here checks a call: callers have.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import orjson
 import redis
 
+from worker.broker import scripts
 from worker.broker.keys import Keys
 from worker.calls import TASK_NAME, NewJob
 from worker.celery_compat import task_message
@@ -60,6 +62,7 @@ class Publisher:
         self.chunk_size = chunk_size
         self.client = broker_redis(url)
         self._origin = f"{os.getpid()}@{socket.gethostname()}"
+        self._record_and_push_script = self.client.register_script(scripts.RECORD_AND_PUSH)
 
     def enqueue(
         self,
@@ -93,13 +96,19 @@ class Publisher:
         as ``parts`` makes them; ``call`` gives the job's fields, not the items. Returns how many messages."""
         queue = self.keys.queue(call.priority)
         sent = 0
+        rest = iter(encoded_parts)
+        first = next(rest, None)
+        second = None if first is None else next(rest, None)
+        if record_job and first is not None and second is None:
+            return self._record_and_push(call, queue, self._kwargs(call, *first), task_id)
+        parts = itertools.chain([part for part in (first, second) if part is not None], rest)
         try:
             pipe = self.client.pipeline(transaction=True)
             if record_job:
                 pipe.hset(self.keys.job(call.job_id), mapping=_job_record(call))
                 pipe.expire(self.keys.job(call.job_id), PENDING_JOB_TTL_S)
                 pipe.zadd(self.keys.pending_jobs, {call.job_id: time.time()})
-            for part in encoded_parts:
+            for part in parts:
                 # Only the job's first message may carry task_id (the job id, for Celery's result API).
                 message_id = task_id if sent == 0 and task_id else str(uuid.uuid4())
                 kwargs = self._kwargs(call, *part)
@@ -111,6 +120,19 @@ class Publisher:
         except redis.RedisError as exc:
             raise broker_unavailable(self.url, exc) from exc
         return sent
+
+    def _record_and_push(self, call: NewJob, queue: str, kwargs: bytes, task_id: str | None) -> int:
+        """A one-message job and its record in one script call (``infer.delay``'s usual case)."""
+        message = self._message(task_id or str(uuid.uuid4()), queue, kwargs, call)
+        record = [value for pair in _job_record(call).items() for value in pair]
+        keys = [self.keys.job(call.job_id), self.keys.pending_jobs, queue]
+        try:
+            self._record_and_push_script(
+                keys=keys, args=[PENDING_JOB_TTL_S, time.time(), call.job_id, message, *record]
+            )
+        except redis.RedisError as exc:
+            raise broker_unavailable(self.url, exc) from exc
+        return 1
 
     @staticmethod
     def _kwargs(call: NewJob, offset: int, items: bytes, indices: list[int] | None = None) -> bytes:

@@ -1,4 +1,4 @@
-"""The Lua scripts that make taking, handing back and acknowledging messages atomic in Redis.
+"""The Lua scripts that make enqueueing, taking, handing back and acknowledging messages atomic in Redis.
 
 A script runs alone on the server, so a message is always in exactly one place: its queue, or the unacked
 hash with a lease. No lock is taken, so a worker killed at any moment leaves nothing held. Messages are
@@ -6,6 +6,17 @@ never parsed on the fetch path; only a handed-back message is read, for its task
 """
 
 from __future__ import annotations
+
+# KEYS: the job's record hash, the pending-jobs index, the queue. ARGV: the record's lifetime (seconds), now
+# (Unix seconds), the job id, the message, then the record's field/value pairs. ``infer.delay``'s one write:
+# the job's record and its message together, as one command with one reply (a MULTI/EXEC of the same four
+# writes costs redis-py six replies to pack and parse, most of a call's time; bench/README.md).
+RECORD_AND_PUSH = """
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+return redis.call('LPUSH', KEYS[3], ARGV[4])
+"""
 
 # KEYS: unacked hash, unacked index, lost-counts hash, delivery-tag counter, then the queues, most urgent
 # first. ARGV: now (Unix seconds), the most messages to take, then the most to take from each queue.
