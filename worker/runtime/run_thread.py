@@ -79,13 +79,8 @@ class Runner:
         except Exception as exc:
             log.exception("running %s failed", batch)
             error = f"internal error running the batch: {error_text(exc)}"
-            write = ResultsToStore()
-            for pack, mine in _runs(batch.items):
-                for item in mine:
-                    write.add(
-                        ItemRecord(item.job_id, item.index, pack.item_id(item.index), error=error),
-                        pack.delivery,
-                    )
+            runs, write = _runs(batch.items), ResultsToStore()
+            _store_dropped(dict.fromkeys((pack for pack, _ in runs), error), runs, write)
             return write
 
     def _next_work(self) -> list[Work] | None:
@@ -251,7 +246,8 @@ def _runs(items: tuple[Item, ...]) -> list[Run]:
 
 
 def _store_dropped(dropped: dict[Pack, str], runs: list[Run], write: ResultsToStore) -> None:
-    """The items of the messages hooks dropped (cancelled, expired) end with the hook's error, unrun."""
+    """The items of these messages end with their message's error, unrun: hooks dropped them (cancelled,
+    expired), or their batch failed outside the model."""
     for pack, mine in runs:
         error = dropped.get(pack)
         if error is not None:

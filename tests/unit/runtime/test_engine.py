@@ -301,32 +301,24 @@ class Broken(Hook):
         raise RuntimeError("a bug in a hook")
 
 
-def test_a_message_a_hook_fails_to_admit_ends_with_the_error_and_is_acknowledged(
-    start: Callable[..., Running],
+@pytest.mark.parametrize(
+    ("thread", "error"),
+    [
+        # A hook fails to admit the message (the prepare thread).
+        ("preparer", "internal error admitting the item: RuntimeError: a bug in a hook"),
+        # A batch fails outside the model (the run thread).
+        ("runner", "internal error running the batch: RuntimeError: a bug in a hook"),
+    ],
+)
+def test_a_failure_outside_the_model_ends_each_item_with_the_error_and_the_message_is_acknowledged(
+    start: Callable[..., Running], thread: str, error: str
 ) -> None:
     running = start()
-    running.engine.preparer.hooks = Hooks([Broken()])
+    getattr(running.engine, thread).hooks = Hooks([Broken()])
     sent = message(RECORDER, ["a", "b"])
     running.send(sent)
     outcomes = running.stored(job_of(sent), 2)
-    assert [o.error for o in outcomes] == [
-        "internal error admitting the item: RuntimeError: a bug in a hook"
-    ] * 2
-    assert Recorder.ran == []
-    wait_until(lambda: sent.acks == 1)
-
-
-def test_a_batch_that_fails_outside_the_model_ends_its_items_with_the_error(
-    start: Callable[..., Running],
-) -> None:
-    running = start()
-    running.engine.runner.hooks = Hooks([Broken()])
-    sent = message(RECORDER, ["a", "b"])
-    running.send(sent)
-    outcomes = running.stored(job_of(sent), 2)
-    assert [o.error for o in outcomes] == [
-        "internal error running the batch: RuntimeError: a bug in a hook"
-    ] * 2
+    assert [o.error for o in outcomes] == [error] * 2
     assert Recorder.ran == []
     wait_until(lambda: sent.acks == 1)
 
