@@ -138,6 +138,23 @@ class StepFails(Counter):
         return gone
 
 
+class StepFailsNoAbort(Counter):
+    """Counter whose step raises while a sequence of count 13 runs, and which has no ``abort`` (a custom model
+    written before it existed); it also refuses to admit a count of 7."""
+
+    name = "step-fails-no-abort"
+
+    def admit(self, key: Any, payload: Any) -> None:
+        if payload == 7:
+            raise ValueError("seven is not admitted")
+        super().admit(key, payload)
+
+    def step(self) -> list[FinishedSequence]:
+        if any(count == 13 for count, _ in self._running.values()):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().step()
+
+
 class SlowEmbed(Model):
     """An embed model whose vector tells its input: [length of the text, 1.0, its first character's code];
     each batch takes 20 ms, so a batch of thousands of inputs is still running when a test kills a worker."""

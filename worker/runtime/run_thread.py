@@ -53,6 +53,8 @@ class Runner:
         self._stopping = False
         self._tokens_reported: dict[str, float] = {}  # model name -> when its token counts were last sent
         self._alone: dict[str, Item] = {}  # model name -> the isolated sequence running by itself
+        self._admitted: dict[str, dict[int, Item]] = {}  # model name -> its running sequences' items, by id
+        self._broken: dict[str, str] = {}  # model name -> why it serves nothing more (see _stepped)
 
     def stop(self) -> None:
         """Stop after the batch (or step) in flight; what waits stays unacknowledged, for another worker."""
@@ -157,12 +159,21 @@ class Runner:
     # -- steps (continuous batching) ------------------------------------------------------------
 
     def _has_steps(self, stepping: Stepping) -> bool:
+        if stepping.name in self._broken:  # its own count is not to be trusted: only what waits is work
+            return self.scheduler.waiting_for(stepping.name) > 0
         return stepping.model.running() > 0 or self.scheduler.waiting_for(stepping.name) > 0
 
     def _step(self, stepping: Stepping) -> None:
         """Continuous batching: admit waiting items while there is room, then advance every sequence."""
         name, model = stepping
         write, now = ResultsToStore(), self.clock()
+        if name in self._broken:
+            with self.ready:
+                waiting = list(iter(lambda: self.scheduler.admit_next(name, now, lambda item: True), None))
+            for refused in waiting:
+                self._finish(name, FinishedSequence(refused, error=self._broken[name]), write)
+            self.results.put(write)
+            return
         while model.running() < model.max_running and name not in self._alone:
             with self.ready:
                 item = self.scheduler.admit_next(name, now, lambda item: self._fits(stepping, item))
@@ -170,35 +181,41 @@ class Runner:
                 break
             self._admit(stepping, item, write)
         for finished in self._stepped(stepping):
-            key: Item = finished.key
-            pack: Pack = key.ref
-            if self._alone.get(name) is key:
-                del self._alone[name]
-            self.hooks.after_batch([(pack, (key,))], None)
-            outcome = ItemRecord(
-                key.job_id,
-                key.index,
-                pack.item_id(key.index),
-                finished.output,
-                finished.error,
-                finished.tokens,
-            )
-            write.add(outcome, pack.delivery)
+            self._finish(name, finished, write)
         if len(write):
             self.results.put(write)
         self._report_tokens(stepping)
 
+    def _finish(self, name: str, finished: FinishedSequence, write: ResultsToStore) -> None:
+        key: Item = finished.key
+        pack: Pack = key.ref
+        self._admitted.get(name, {}).pop(id(key), None)
+        if self._alone.get(name) is key:
+            del self._alone[name]
+        self.hooks.after_batch([(pack, (key,))], None)
+        outcome = ItemRecord(
+            key.job_id, key.index, pack.item_id(key.index), finished.output, finished.error, finished.tokens
+        )
+        write.add(outcome, pack.delivery)
+
     def _stepped(self, stepping: Stepping) -> list[FinishedSequence]:
         """One step's finished sequences; if the step raised (the device out of memory part way through a
         decode, a bug), every admitted sequence ends with that error, or each later step would fail alike
-        and their items never end."""
+        and their items never end. A model that cannot end them (no ``abort``, or it raised too) is not
+        stepped again: this thread ends the items it admitted, and every later one, itself."""
         name, model = stepping
         try:
             return model.step()
         except Exception as exc:
             log.exception("%s: a step failed; its %d sequences end with the error", name, model.running())
             self._alone.pop(name, None)
-            return model.abort(f"the model failed while generating: {error_text(exc)}")
+            error = f"the model failed while generating: {error_text(exc)}"
+            try:
+                return model.abort(error)
+            except Exception:
+                log.exception("%s could not end its sequences; it serves nothing more until a restart", name)
+                self._broken[name] = f"{name} stopped serving after a failed step it could not undo ({error})"
+                return [FinishedSequence(item, error=error) for item in self._admitted.pop(name, {}).values()]
 
     def _fits(self, stepping: Stepping, item: Item) -> bool:
         alone = item.ref.alone(item.index)
@@ -214,7 +231,14 @@ class Runner:
             return
         if pack.alone(item.index):
             self._alone[stepping.name] = item
-        stepping.model.admit(item, pack.payload(item.index))
+        try:
+            stepping.model.admit(item, pack.payload(item.index))
+        except Exception as exc:  # it left the scheduler: ending it here is the only way it ends
+            log.exception("%s could not admit an item", stepping.name)
+            error = f"the model could not admit the item: {error_text(exc)}"
+            self._finish(stepping.name, FinishedSequence(item, error=error), write)
+            return
+        self._admitted.setdefault(stepping.name, {})[id(item)] = item
 
     def _report_tokens(self, stepping: Stepping) -> None:
         """Every ``tokens_report_s``, the token counts of the running sequences (all of them: a running

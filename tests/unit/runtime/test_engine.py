@@ -33,6 +33,7 @@ ECHO = "tests.support.models:Echo"
 POISON = "tests.support.models:Poison"
 RECORDER = "tests.unit.runtime.test_engine:Recorder"
 STEP_FAILS = "tests.support.models:StepFails"
+STEP_FAILS_NO_ABORT = "tests.support.models:StepFailsNoAbort"
 
 
 class Recorder(Model):
@@ -337,3 +338,29 @@ def test_a_step_that_raises_ends_the_running_sequences_and_the_model_serves_on(
     later = message(STEP_FAILS, [{"count": 2}])
     running.send(later)
     assert [o.output for o in running.stored(job_of(later), 1)] == [{"counted": [1, 2]}]
+
+
+def test_a_step_model_that_cannot_undo_a_failed_step_ends_its_items_and_every_later_one(
+    start: Callable[..., Running],
+) -> None:
+    """No ``abort``: the engine ends the sequences it admitted and stops stepping the model, rather than step
+    it again and again; an item the model refuses to admit ends alone, with the model's reason."""
+    running = start(Settings(models=[STEP_FAILS_NO_ABORT]))
+    refused = message(STEP_FAILS_NO_ABORT, [{"count": 7}, {"count": 2}])
+    running.send(refused)
+    outcomes = running.stored(job_of(refused), 2)
+    assert outcomes[0].error == "the model could not admit the item: ValueError: seven is not admitted"
+    assert outcomes[1].output == {"counted": [1, 2]}
+    doomed = message(STEP_FAILS_NO_ABORT, [{"count": 3}, {"count": 13}])
+    running.send(doomed)
+    error = "the model failed while generating: RuntimeError: CUDA error: an illegal memory access was "
+    error += "encountered"
+    assert [o.error for o in running.stored(job_of(doomed), 2)] == [error, error]
+    later = message(STEP_FAILS_NO_ABORT, [{"count": 2}])
+    running.send(later)
+    [outcome] = running.stored(job_of(later), 1)
+    assert (
+        outcome.error
+        == f"{STEP_FAILS_NO_ABORT} stopped serving after a failed step it could not undo ({error})"
+    )
+    wait_until(lambda: later.acks == 1)
