@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         h.print_problems([api])
 
 
-def submit_section(args: argparse.Namespace, url: str, key: str, api: h.Proc) -> str:
+def submit_section(args: argparse.Namespace, url: str, key: str, api: h.Process) -> str:
     from worker.client import Client
 
     inputs = [
@@ -130,7 +130,7 @@ def auth_section(args: argparse.Namespace, found: h.Stack, key: str) -> None:
     ports = {"lookup": free_port(), "no lookup": free_port()}
     for name, port in ports.items():
         argv = h.python("bench.api", "--serve", name.replace(" ", "-"), str(port))
-        h.Proc(argv, found.env(api_check_processes="0"), name, h.UVICORN_READY).wait_ready()
+        h.start(argv, found.env(api_check_processes="0"), name, h.UVICORN_READY).wait_ready()
     for pollers in (int(p) for p in args.auth.split(",")):
         runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ports}  # p50, p99 ms, rate
         for _ in range(args.rounds):

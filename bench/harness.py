@@ -6,7 +6,6 @@ imports worker modules only once ``stack`` has set BATCHWORK_* (settings are rea
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.client
 import json
 import os
@@ -14,7 +13,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,14 +27,14 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, create_engine, text
 
+from tests.support.processes import ROOT, Process, batchwork_command
 from tests.support.services import PostgresServer, RedisServer
 
-ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.02  # a phase's end is seen within 20 ms
 # Celery logs "celery@host ready." right before its consumer loop; `batchwork api` logs uvicorn's line.
-CELERY_READY, UVICORN_READY = re.compile(r"@\S+ ready\."), re.compile(r"Uvicorn running on")
+CELERY_READY, UVICORN_READY = r"@\S+ ready\.", "Uvicorn running on"
 PROBLEM = re.compile(r": (WARNING|ERROR|CRITICAL)/|Traceback|Error:")
-_started: list[Proc] = []
+_started: list[Process] = []
 _servers: dict[str, int] = {}  # the stack's redis-server and postmaster pids, for CpuMeter
 
 
@@ -86,8 +84,8 @@ def stack() -> Iterator[Stack]:
             yield found
         finally:
             _servers.clear()
-            for proc in list(_started):
-                proc.stop(timeout_s=10)
+            while _started:
+                _started.pop().stop(timeout_s=10)
             found.db.dispose()
             if "worker.store.results" in sys.modules:
                 sys.modules["worker.store.results"].ResultStore.for_url(found.database_url).close()
@@ -97,70 +95,29 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-class Proc:
-    """A command in its own process group (stopping it stops a prefork pool too), its log kept and the wall
-    time of its ready line noted."""
-
-    def __init__(self, argv: Sequence[str], env: dict[str, str], name: str, ready: re.Pattern[str]):
-        self.name, self.ready_at, self.log = name, 0.0, list[str]()
-        self._ready_line, self._ready = ready, threading.Event()
-        self.proc = subprocess.Popen(list(argv), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
-        self.pid = self.proc.pid
-        _started.append(self)
-        threading.Thread(target=self._read, name=f"log-{name}", daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.log.append(line.rstrip())
-            if not self._ready.is_set() and self._ready_line.search(line):
-                self.ready_at = time.time()
-                self._ready.set()
-
-    def wait_ready(self, timeout_s: float = 120) -> float:
-        """Wall time of the ready line; RuntimeError with the log's tail if it never comes."""
-        deadline = time.monotonic() + timeout_s
-        while not self._ready.wait(0.2):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = "\n".join(self.log[-30:])
-                raise RuntimeError(f"{self.name} did not start (exit {self.proc.poll()}):\n{tail}")
-        return self.ready_at
-
-    def stop(self, timeout_s: float = 30) -> None:
-        if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
-                self.proc.wait()
-        self._signal(signal.SIGKILL)  # prefork children may outlive their parent by a moment
-        if self in _started:
-            _started.remove(self)
-
-    def _signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signum)
+def start(argv: Sequence[str], env: dict[str, str], name: str, ready: str) -> Process:
+    """A process in its own group (tests/support/processes.py) that the stack stops when it ends."""
+    _started.append(proc := Process(argv, env, ready, name))
+    return proc
 
 
 def python(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def worker(found: Stack, name: str, *, extra: Sequence[str] = (), **settings: Any) -> Proc:
+def worker(found: Stack, name: str, *, extra: Sequence[str] = (), **settings: Any) -> Process:
     """`batchwork worker` on the stack, with BATCHWORK_* ``settings`` (and ``extra``: NAME=VALUE pairs)."""
     env = found.env(**settings)
     env.update({f"BATCHWORK_{k.upper()}": v for k, v in (pair.split("=", 1) for pair in extra)})
-    argv = python("worker.cli", "worker", "--loglevel=INFO", "--hostname", f"{name}@bench")
-    return Proc(argv, env, name, CELERY_READY)
+    return start(batchwork_command("worker", "--loglevel=INFO", "--hostname", f"{name}@bench"), env, name,
+                 CELERY_READY)  # fmt: skip
 
 
-def api(found: Stack, port: int, **settings: Any) -> Proc:
-    return Proc(python("worker.cli", "api", "--port", str(port)), found.env(**settings), "api", UVICORN_READY)
+def api(found: Stack, port: int, **settings: Any) -> Process:
+    return start(batchwork_command("api", "--port", str(port)), found.env(**settings), "api", UVICORN_READY)
 
 
-def print_problems(procs: Sequence[Proc], limit: int = 20) -> None:
+def print_problems(procs: Sequence[Process], limit: int = 20) -> None:
     """Each process's log lines at WARNING or above and traceback lines (not Celery's bare stderr lines)."""
     for proc in procs:
         lines = [line for line in proc.log if PROBLEM.search(line)
@@ -212,7 +169,7 @@ class CpuMeter:
     """CPU used while a block runs, in cores: by this process (bench), the given process groups (workers),
     everyone else (others: the machine less those two) and of those others redis-server, postgres, rest."""
 
-    def __init__(self, *procs: Proc) -> None:
+    def __init__(self, *procs: Process) -> None:
         self.procs, self.cores, self.seconds = procs, dict[str, float](), dict[str, float]()
 
     def _sample(self) -> dict[str, float]:

@@ -50,7 +50,7 @@ def traced_worker(out: str, hostname: str) -> None:
     main()
 
 
-def _switch(worker: harness.Proc, signum: int, line: str) -> None:
+def _switch(worker: harness.Process, signum: int, line: str) -> None:
     worker.proc.send_signal(signum)
     deadline = time.monotonic() + 30
     while not any(line in logged for logged in worker.log):  # Celery logs what its worker prints
@@ -67,7 +67,7 @@ def main() -> None:
     with harness.stack() as found:
         out = Path(tempfile.gettempdir()) / f"item-path-{os.getpid()}.txt"
         argv = harness.python("bench.item_path", "--worker", str(out), "traced@bench")
-        worker = harness.Proc(argv, found.env(), "traced", harness.CELERY_READY)
+        worker = harness.start(argv, found.env(), "traced", harness.CELERY_READY)
         worker.wait_ready()
         from worker.tasks import infer
 

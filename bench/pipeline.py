@@ -131,7 +131,7 @@ def minilm(args: argparse.Namespace, found: h.Stack) -> None:
     h.print_problems([worker])
 
 
-def _minilm_raw(model: Any, batches: list[list[str]], worker: h.Proc) -> tuple[float, list[object], float]:
+def _minilm_raw(model: Any, batches: list[list[str]], worker: h.Process) -> tuple[float, list[object], float]:
     """prepare + forward in a plain loop, in this process; the worker beside it is idle (about 0.03 cores)."""
     prepare_s = forward_s = 0.0
     real = padded = 0
@@ -153,7 +153,7 @@ def _minilm_raw(model: Any, batches: list[list[str]], worker: h.Proc) -> tuple[f
 
 
 def _minilm_pipeline(
-    args: argparse.Namespace, found: h.Stack, texts: list[str], worker: h.Proc
+    args: argparse.Namespace, found: h.Stack, texts: list[str], worker: h.Process
 ) -> tuple[float, list[object], float]:
     from worker.client import submit
 
@@ -181,13 +181,13 @@ def single_calls(args: argparse.Namespace, found: h.Stack) -> None:
           f"celery-batches: flush_every={b.FLUSH_EVERY} flush_interval={b.FLUSH_INTERVAL_S:g} s, one INSERT "
           "per flush, -P solo --prefetch-multiplier 1024; both acks_late, JSON")  # fmt: skip
 
-    def celery(name: str, queue: str, *options: str) -> h.Proc:
+    def celery(name: str, queue: str, *options: str) -> h.Process:
         argv = h.python("celery", "-A", "bench.baselines", "worker", "-Q", queue, "--loglevel=INFO",
                         "--hostname", f"{name}@bench", "--without-mingle", "--without-gossip",
                         "--without-heartbeat", *options)  # fmt: skip
-        return h.Proc(argv, found.env(), name, h.CELERY_READY)
+        return h.start(argv, found.env(), name, h.CELERY_READY)
 
-    systems: dict[str, tuple[str, Callable[[], h.Proc], Callable[[int, str], object]]] = {
+    systems: dict[str, tuple[str, Callable[[], h.Process], Callable[[int, str], object]]] = {
         "batchwork": ("results", lambda: h.worker(found, "noop-calls", extra=args.worker_setting),
                       lambda i, item: infer.delay(model="noop", inputs=[item])),
         "plain": ("bench_results", lambda: celery("plain", b.PLAIN_QUEUE, "-P", "prefork", "-c", "2",
@@ -198,7 +198,7 @@ def single_calls(args: argparse.Namespace, found: h.Stack) -> None:
     }  # fmt: skip
     table: list[list[object]] = []
     rates: dict[str, dict[str, float]] = {"drain": {}, "end-to-end": {}}
-    workers: list[h.Proc] = []
+    workers: list[h.Process] = []
 
     def publish_all(publish: Callable[[int, str], object]) -> tuple[float, float]:
         began = time.time()

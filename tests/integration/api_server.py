@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -11,17 +10,12 @@ import httpx
 import orjson
 
 from tests.integration.processes import CommandProcess, wait_until
+from tests.support.services import free_port
 from worker.store.api_keys import KeyStore
 from worker.store.db import make_engine
 from worker.store.values import FINISHED_STATES
 
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class ApiProcess(CommandProcess):

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.support.processes import ROOT, Process, batchwork_command
 from worker.store.values import FINISHED_STATES
 
 T = TypeVar("T")
 
-ROOT = Path(__file__).resolve().parents[2]
 READY_LINE = "batchwork engine ready"
 # The models the test deployments serve: the built-ins and the tests' own (BATCHWORK_MODELS).
 TEST_MODELS = [
@@ -45,44 +43,14 @@ def service_env(broker_url: str, database_url: str, **settings: Any) -> dict[str
     return env
 
 
-class CommandProcess:
-    """A `batchwork` command in a subprocess; its log is kept for assertions and failure messages, and
-    ``ready`` is set once a line holds ``ready_line``."""
+class CommandProcess(Process):
+    """A `batchwork` command in a subprocess (tests/support/processes.py), started once a line holds the
+    class's ``ready_line``."""
 
-    ready_line: str | None = None
+    ready_line = ""
 
     def __init__(self, env: dict[str, str], *command: str) -> None:
-        self.log: list[str] = []
-        self.ready = threading.Event()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", *command],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.log.append(line.rstrip())
-            if self.ready_line is not None and self.ready_line in line:
-                self.ready.set()
-
-    def stop(self, timeout_s: float = 30) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(5)  # the pipe ends with the process; closed once read, not left to the collector
-        if not self._reader.is_alive() and self.proc.stdout is not None:
-            self.proc.stdout.close()
+        super().__init__(batchwork_command(*command), env, self.ready_line, name=command[0])
 
 
 class WorkerProcess(CommandProcess):
@@ -92,10 +60,6 @@ class WorkerProcess(CommandProcess):
 
     def __init__(self, env: dict[str, str], name: str) -> None:
         super().__init__(env, "worker", "--loglevel=INFO", "--hostname", name)
-
-    def wait_ready(self, timeout_s: float = 90) -> None:
-        if not self.ready.wait(timeout_s):
-            raise AssertionError("worker did not start:\n" + "\n".join(self.log[-40:]))
 
 
 def batchwork(

@@ -13,6 +13,7 @@ from sqlalchemy.engine import make_url
 
 from tests.integration.processes import produce, service_env, wait_finished, wait_until, workers
 from tests.integration.tcp_proxy import TcpProxy
+from tests.support.services import free_port
 from worker.store.results import ResultStore
 
 SLOW_SIMULATED = {
@@ -48,12 +49,6 @@ def test_a_database_outage_mid_run_loses_nothing(redis_url: str, pg_url: str, pg
     assert done_during_outage < 1000  # the outage really held the work up
     assert any("retrying" in line for line in worker.log)
     assert sorted(r.index for r in store.results(job_id)) == list(range(1000))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -11,13 +10,8 @@ import httpx
 import pytest
 
 from tests.integration.processes import ROOT, produce, service_env, wait_finished, workers
+from tests.support.services import free_port
 from worker.store.results import ResultStore
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def poll_json(url: str, auth: tuple[str, str], accept, timeout_s: float = 60):
