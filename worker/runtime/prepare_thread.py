@@ -100,34 +100,47 @@ class Preparer:
         return group, True
 
     def take(self, delivery: Delivery, items: list[Run]) -> None:
-        """Parse and check ``delivery``; its items to batch go to ``items`` as runs (model, lane, items)."""
+        """Parse and check ``delivery``; its items to batch go to ``items`` as runs (model, lane, items).
+
+        Its errors and runs are gathered first and handed on together, so that whatever fails part way (a
+        hook, a bug of ours) has handed on nothing yet: every item then ends with that error, and the
+        message is settled rather than held for good."""
         call = self._parse(delivery)
         if call is None:
             return
         delivery.call = call
         delivery.pending = len(call.inputs)
         self.holdings.hold(call, len(call.inputs))
+        failed, runs = ResultsToStore(), list[Run]()
+        try:
+            self._admit(delivery, call, failed, runs)
+        except Exception as exc:
+            log.exception("preparing message %s failed", delivery.task_id[:80])
+            failed, runs = ResultsToStore(), []
+            error = f"internal error preparing the item: {error_text(exc)}"
+            self._fail(failed, delivery, range(len(call.inputs)), error)
+        if len(failed):
+            self.results.put(failed)
+        items.extend(runs)
+
+    def _admit(self, delivery: Delivery, call: InferMessage, failed: ResultsToStore, runs: list[Run]) -> None:
         try:
             admission = self.hooks.received(delivery)
-        except Exception as exc:  # a hook's bug: the message must still end, not stay held and unsettled
+        except Exception as exc:  # a hook's bug
             log.exception("admitting message %s failed", delivery.task_id[:80])
-            self._fail(
-                delivery, range(len(call.inputs)), f"internal error admitting the item: {error_text(exc)}"
-            )
+            error = f"internal error admitting the item: {error_text(exc)}"
+            self._fail(failed, delivery, range(len(call.inputs)), error)
             return
         try:
             model = self.models.get(call.model)
         except Exception as exc:
             log.error("model %s failed to load: %s", call.model, error_text(exc))
-            self._fail(
-                delivery, range(len(call.inputs)), f"model {call.model!r} failed to load: {error_text(exc)}"
-            )
+            error = f"model {call.model!r} failed to load: {error_text(exc)}"
+            self._fail(failed, delivery, range(len(call.inputs)), error)
             return
-        positions, isolated = self._positions(delivery, admission)
-        valid, checked, ids, errors = self._check(model, delivery, positions)
-        if len(errors):
-            self.results.put(errors)
-        self._prepare(delivery, model, Checked(valid, checked, ids), isolated, items)
+        positions, isolated = self._positions(delivery, admission, failed)
+        valid, checked, ids = self._check(model, delivery, positions, failed)
+        self._prepare(delivery, model, Checked(valid, checked, ids), isolated, failed, runs)
 
     def _parse(self, delivery: Delivery) -> InferMessage | None:
         try:
@@ -139,7 +152,9 @@ class Preparer:
             self.results.put(Refusal(delivery, f"invalid message: {exc}"[:2000]))
             return None
 
-    def _positions(self, delivery: Delivery, admission: Admission) -> tuple[list[int], set[int]]:
+    def _positions(
+        self, delivery: Delivery, admission: Admission, failed: ResultsToStore
+    ) -> tuple[list[int], set[int]]:
         """The message's items to run, and of those the ones that must run alone; the items hooks ended at
         once are stored with their errors (hooks/journal.py: suspects past the delivery cap)."""
         call = delivery.call
@@ -149,14 +164,14 @@ class Preparer:
             return everything, set()
         for position, error in admission.ended.items():
             log.error("job %s item %d: %s", call.job_id, call.index(position), error)
-            self._fail(delivery, [position], error)
+            self._fail(failed, delivery, [position], error)
         return [p for p in everything if p not in admission.ended], admission.alone
 
     def _check(
-        self, model: Model, delivery: Delivery, positions: list[int]
-    ) -> tuple[list[int], list[Any], list[str | None], ResultsToStore]:
-        """The positions whose items pass the model's check, what the check made of them and their ids, and
-        the errors of the rest."""
+        self, model: Model, delivery: Delivery, positions: list[int], failed: ResultsToStore
+    ) -> tuple[list[int], list[Any], list[str | None]]:
+        """The positions whose items pass the model's check, what the check made of them and their ids; the
+        errors of the rest go to ``failed``."""
         call = delivery.call
         assert call is not None
         every = len(positions) == len(call.inputs)
@@ -164,8 +179,8 @@ class Preparer:
             type(model), call.inputs if every else [call.inputs[p] for p in positions], self.settings
         )
         if plain is not None:  # all plain texts: checked a message at a time, ids included
-            return positions, plain[0], plain[1] or [None] * len(positions), ResultsToStore()
-        valid, checked, ids, errors = [], [], [], ResultsToStore()
+            return positions, plain[0], plain[1] or [None] * len(positions)
+        valid, checked, ids = [], [], []
         cls, settings, offset, inputs, indices = (
             type(model),
             self.settings,
@@ -179,18 +194,25 @@ class Preparer:
                 ready, ident = check_item(cls, index, raw, settings)
             except InvalidInput as exc:
                 error = f"invalid input: {exc.detail}"
-                errors.add(ItemRecord(call.job_id, index, _safe_id(index, raw), error=error), delivery)
+                failed.add(ItemRecord(call.job_id, index, _safe_id(index, raw), error=error), delivery)
             else:
                 valid.append(position)
                 checked.append(ready)
                 ids.append(ident)
-        return valid, checked, ids, errors
+        return valid, checked, ids
 
     def _prepare(
-        self, delivery: Delivery, model: Model, checked: Checked, isolated: set[int], items: list[Run]
+        self,
+        delivery: Delivery,
+        model: Model,
+        checked: Checked,
+        isolated: set[int],
+        failed: ResultsToStore,
+        items: list[Run],
     ) -> None:
         """Prepare the checked items in one call and add them to ``items`` as one run per lane, every Item
-        referring to the message's Pack (its payloads and ids as columns)."""
+        referring to the message's Pack (its payloads and ids as columns); if preparing fails, their errors
+        go to ``failed``."""
         call = delivery.call
         assert call is not None
         positions = checked.positions
@@ -199,7 +221,7 @@ class Preparer:
         try:
             payloads, lengths = _prepared(model, checked.values)
         except Exception as exc:
-            self._fail(delivery, positions, f"could not prepare input: {error_text(exc)}")
+            self._fail(failed, delivery, positions, f"could not prepare input: {error_text(exc)}")
             return
         size = len(call.inputs)
         every = len(positions) == size
@@ -234,18 +256,15 @@ class Preparer:
             run = [item for item in run if pack.position(item.index) not in isolated]
         items.append((call.model, call.priority, run))
 
-    def _fail(self, delivery: Delivery, positions: Iterable[int], error: str) -> None:
-        """Store ``error`` for these items of the delivery (they will not run)."""
+    def _fail(self, failed: ResultsToStore, delivery: Delivery, positions: Iterable[int], error: str) -> None:
+        """``error`` for these items of the delivery, to ``failed`` (they will not run)."""
         call = delivery.call
         assert call is not None
-        failed = ResultsToStore()
         for position in positions:
             index = call.index(position)
             failed.add(
                 ItemRecord(call.job_id, index, _safe_id(index, call.inputs[position]), error=error), delivery
             )
-        if len(failed):
-            self.results.put(failed)
 
 
 # A run of a message's items for one lane: (model, lane, items in index order).

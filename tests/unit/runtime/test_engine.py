@@ -21,6 +21,7 @@ from tests.support.memory_store import MemoryStore, MemoryTunedLimits
 from worker.broker.keys import Keys
 from worker.calls import InferMessage
 from worker.models.base import Model
+from worker.runtime import prepare_thread
 from worker.runtime.deliveries import Delivery, Pack
 from worker.runtime.engine import Engine
 from worker.runtime.hooks import Admission, Hook, Hooks, Run
@@ -320,6 +321,26 @@ def test_a_failure_outside_the_model_ends_each_item_with_the_error_and_the_messa
     running.send(sent)
     outcomes = running.stored(job_of(sent), 2)
     assert [o.error for o in outcomes] == [error] * 2
+    assert Recorder.ran == []
+    wait_until(lambda: sent.acks == 1)
+
+
+def test_a_bug_past_admission_ends_every_item_of_the_message_once_and_it_is_acknowledged(
+    start: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The invalid item's check error, gathered before the bug, is replaced: one outcome per item.
+    running = start()
+
+    def broken(*args: object, **kwargs: object) -> Pack:
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(prepare_thread, "Pack", broken)
+    sent = message(RECORDER, ["a", 5, "c"])
+    running.send(sent)
+    outcomes = running.stored(job_of(sent), 3)
+    assert [o.error for o in outcomes] == [
+        "internal error preparing the item: RuntimeError: a bug of ours"
+    ] * 3
     assert Recorder.ran == []
     wait_until(lambda: sent.acks == 1)
 
