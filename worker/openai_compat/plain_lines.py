@@ -9,11 +9,12 @@ None, and the caller checks the file line by line (``batchfile.plan_batch``), wh
 its line exactly as before: this pass only ever accepts a file that one would accept too, with the same
 plan.
 
-Why one array is the file's lines: each newline is replaced by a comma, so the array holds at least one
-value per line (a blank line is ``,,``: not JSON). Every value must be a plain object, whose only nested
-object is its ``body`` and whose only values are strings; a newline inside one would sit where a comma may,
-before a key, so the next line would begin with ``"``. Every line begins with ``{``, so no value spans
-two lines, and as many values as lines means one value per line.
+Why one array is the file's lines: each newline is replaced by a comma, and every line begins with ``{``,
+so each newline becomes ``,{`` (a blank line would be ``,,``: not JSON). Every value must be a plain
+object, whose only nested object is its ``body`` (after ``"body":``, where no comma may sit) and whose only
+values are strings, none of which holds ``,{``. So no value holds a newline's ``,{``: none spans two lines,
+and as many values as lines means one value per line. (A string that did hold ``,{`` could be one line's
+end and the next line's start, a value of two lines, made up for by a line of two values.)
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def _fields(values: list[Any]) -> tuple[list[str], list[str], list[str]] | None:
     texts = [body["input"] for body in bodies]
     models = [body["model"] for body in bodies]
     if not all(type(text) is str for text in texts) or not all(type(model) is str for model in models):
+        return None
+    if any(",{" in "\n".join(strings) for strings in (ids, models, texts)):  # maybe a string of two lines
         return None
     return ids, models, texts
 

@@ -63,6 +63,13 @@ HOSTILE = {
             line("b") + b"," + line("c"),
         ]
     ),
+    # A string's newline becomes ",{" with the next line: one value of two lines, made up by a line of two.
+    "an id over two lines": b"\n".join(
+        [b'{"custom_id":"a', b'{b",' + line("x")[len(b'{"custom_id":"x",') :], line("c") + b"," + line("d")]
+    ),
+    "an input over two lines": b"\n".join(
+        [line("a")[: -len(b'some text"}}')] + b"x", b'{y"}}', line("c") + b"," + line("d")]
+    ),
     "duplicate ids": b"\n".join([line("a"), line("b"), line("a")]),
     "empty id": line(""),
     "long id": line("x" * 513),
