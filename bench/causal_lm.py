@@ -11,8 +11,6 @@ import math
 import os
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Hashable, Sequence
@@ -27,6 +25,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from bench import harness as h
 from tests.integration.tiny_gpt2 import _tokenizer
 from tests.support.batched_runs import Request, run_continuous
+from tests.support.processes import batchwork_command
 from worker.models.registry import model_class
 from worker.settings import Settings
 
@@ -79,20 +78,17 @@ def run_embedded(directory: Path, texts: list[str], new: list[int], options: dic
     env = {**os.environ, "BATCHWORK_MODEL_OPTIONS": json.dumps({entry: options}), "HF_HUB_OFFLINE": "1",
            "BATCHWORK_DEVICE": args.device,
            "OMP_NUM_THREADS": str(args.threads or os.cpu_count())}  # fmt: skip
-    command = [str(Path(sys.executable).parent / "batchwork"), "run", "in.jsonl", "-m", entry, "-o",
-               "out.jsonl"]  # fmt: skip
+    command = batchwork_command("run", "in.jsonl", "-m", entry, "-o", "out.jsonl")
     with tempfile.TemporaryDirectory(prefix="batchwork-bench-run-") as work:
         lines = [
             json.dumps({"prompt": t, "max_new_tokens": n}) + "\n" for t, n in zip(texts, new, strict=True)
         ]
         (Path(work) / "in.jsonl").write_text("".join(lines))
-        started = time.monotonic()
-        done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, check=False)
-        elapsed = time.monotonic() - started
-        if done.returncode != 0:
-            raise SystemExit(f"batchwork run failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        ran = h.whole_run(command, env, Path(work))
+        if ran.returncode != 0:
+            raise SystemExit(f"batchwork run failed ({ran.returncode}): {ran.stderr.strip()[-500:]}")
         rows = [json.loads(line) for line in (Path(work) / "out.jsonl").read_text().splitlines()]
-    return elapsed, sum(row["output"]["tokens"] for row in rows if row.get("output"))
+    return ran.wall_s, sum(row["output"]["tokens"] for row in rows if row.get("output"))
 
 
 def run_engines(

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,19 +32,19 @@ class Side:
     failed: str = ""
 
     def run(self, counted: bool) -> None:
+        from bench.harness import whole_run
+
         if self.failed:
             return
         for suffix in ("", "-wal", "-shm") if self.database else ():
             Path(f"{self.database}{suffix}").unlink(missing_ok=True)
-        before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        done = subprocess.run(self.command, env=self.env, cwd=ROOT, capture_output=True, text=True)
-        wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
-        if done.returncode != 0:
-            lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-            self.failed = lines[-1][:160] if lines else f"exit {done.returncode}"
+        ran = whole_run(self.command, self.env)
+        if ran.returncode != 0:
+            lines = [line for line in ran.stderr.strip().splitlines() if line.strip()]
+            self.failed = lines[-1][:160] if lines else f"exit {ran.returncode}"
         elif counted:
-            self.walls.append(wall)
-            self.cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+            self.walls.append(ran.wall_s)
+            self.cpus.append(ran.cpu_s)
 
 
 def rows(path: Path) -> list[object]:

@@ -13,6 +13,7 @@ import random
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -163,6 +164,30 @@ def http_clients(
         started, began = time.time(), time.perf_counter()
         latencies = sorted(latency for future in futures for latency in future.result())
     return latencies, time.perf_counter() - began, started
+
+
+class WholeRun(NamedTuple):
+    """A command run to its end: its wall and CPU seconds (user + system, its threads and the children it
+    waited for), its own peak RSS, its exit code and what it wrote to stderr."""
+
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+    returncode: int
+    stderr: str
+
+
+def whole_run(command: Sequence[str], env: dict[str, str], cwd: Path = ROOT) -> WholeRun:
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        list(command), cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert proc.stderr is not None
+    stderr = proc.stderr.read().decode(errors="replace")
+    _, status, usage = os.wait4(proc.pid, 0)  # the child's own figures, not this process's other children
+    wall = time.monotonic() - started
+    cpu = usage.ru_utime + usage.ru_stime
+    return WholeRun(wall, cpu, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status), stderr)
 
 
 class CpuMeter:

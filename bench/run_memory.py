@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench import harness as h
+from tests.support.processes import batchwork_command
 
 
 def write_input(path: Path, lines: int) -> None:
@@ -29,20 +27,13 @@ def run_once(source: Path, folder: Path, lines: int) -> str:
         stale.unlink()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWORK_")}
     env.update(PYTHONPATH=str(source), HF_HUB_OFFLINE="1", BATCHWORK_MAX_ITEMS_PER_JOB=str(max(lines, 1)))
-    command = [sys.executable, "-m", "worker.cli", "run", "in.jsonl", "-m", "noop", "-o", "out.jsonl"]
-    started = time.monotonic()
-    proc = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    stderr = proc.stderr.read().decode(errors="replace")
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - started
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"run failed ({source}):\n{stderr[-2000:]}")
-    printed = re.search(r"\(([\d,]+) items/s\)", stderr)
+    ran = h.whole_run(batchwork_command("run", "in.jsonl", "-m", "noop", "-o", "out.jsonl"), env, folder)
+    if ran.returncode != 0:
+        raise SystemExit(f"run failed ({source}):\n{ran.stderr[-2000:]}")
+    printed = re.search(r"\(([\d,]+) items/s\)", ran.stderr)
     items_s = float(printed.group(1).replace(",", "")) if printed else float("nan")
-    cpu_s, checked = usage.ru_utime + usage.ru_stime, check_output(folder / "out.jsonl", lines)
-    return (f"{lines:>10,} {usage.ru_maxrss / 1024:>12,.0f} {wall:>8.1f} {cpu_s:>8.1f} {items_s:>18,.0f} "
-            f"{lines / wall:>15,.0f}  {checked}")  # fmt: skip
+    return (f"{lines:>10,} {ran.peak_rss_mb:>12,.0f} {ran.wall_s:>8.1f} {ran.cpu_s:>8.1f} {items_s:>18,.0f} "
+            f"{lines / ran.wall_s:>15,.0f}  {check_output(folder / 'out.jsonl', lines)}")  # fmt: skip
 
 
 def check_output(path: Path, lines: int) -> str:
