@@ -53,7 +53,7 @@ class Runner:
         self._stopping = False
         self._tokens_reported: dict[str, float] = {}  # model name -> when its token counts were last sent
         self._alone: dict[str, Item] = {}  # model name -> the isolated sequence running by itself
-        self._admitted: dict[str, dict[int, Item]] = {}  # model name -> its running sequences' items, by id
+        self._admitted: dict[str, dict[tuple[str, int], Item]] = {}  # model name -> its running items
         self._broken: dict[str, str] = {}  # model name -> why it serves nothing more (see _stepped)
 
     def stop(self) -> None:
@@ -189,7 +189,7 @@ class Runner:
     def _finish(self, name: str, finished: FinishedSequence, write: ResultsToStore) -> None:
         key: Item = finished.key
         pack: Pack = key.ref
-        self._admitted.get(name, {}).pop(id(key), None)
+        self._admitted.get(name, {}).pop((key.job_id, key.index), None)
         if self._alone.get(name) is key:
             del self._alone[name]
         self.hooks.after_batch([(pack, (key,))], None)
@@ -238,7 +238,7 @@ class Runner:
             error = f"the model could not admit the item: {error_text(exc)}"
             self._finish(stepping.name, FinishedSequence(item, error=error), write)
             return
-        self._admitted.setdefault(stepping.name, {})[id(item)] = item
+        self._admitted.setdefault(stepping.name, {})[item.job_id, item.index] = item
 
     def _report_tokens(self, stepping: Stepping) -> None:
         """Every ``tokens_report_s``, the token counts of the running sequences (all of them: a running
