@@ -25,7 +25,7 @@ from api.limits import check_job_size
 from worker.broker.producer import MAX_MESSAGE_BYTES, Publisher
 from worker.calls import NewJob, check_items, new_job
 from worker.errors import InvalidInput
-from worker.jsonl import json_error
+from worker.jsonl import BOM, json_error
 from worker.settings import Settings
 
 # A line holds one item of at most max_input_chars characters; JSON may spell a character in up to six
@@ -171,6 +171,8 @@ class NdjsonSpool:
         (None if they complete none); InvalidInput for a line too long to be one item."""
         self._file.write(data)
         self._file.flush()  # the checks read the file from other processes
+        if self._written == 0 and data.startswith(BOM):
+            self._cut = len(BOM)  # as `batchwork run` and an OpenAI file: no part of line 1
         written, self._written = self._written, self._written + len(data)
         end = data.rfind(b"\n") + 1
         lines = data.count(b"\n", 0, end)

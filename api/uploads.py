@@ -14,6 +14,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from worker.jsonl import BOM
 from worker.openai_compat.batchfile import BatchPlan, plan_batch
 from worker.openai_compat.plain_lines import plain_plan
 from worker.openai_compat.tokens import detokenize
@@ -23,13 +24,12 @@ if TYPE_CHECKING:
 
 CACHED_BYTES = 32 * 2**20  # uploads up to this size are kept here and checked as they are stored
 KEPT_UPLOADS = 2  # the most recent ones (a batch is usually made of the file just uploaded)
-_BOM = b"\xef\xbb\xbf"
 
 
 def file_lines(data: bytes) -> list[bytes]:
     """A whole file's lines as ``FileStore.lines`` gives them from the store: a leading BOM dropped, no
     empty last line after the final newline."""
-    lines = data.removeprefix(_BOM).split(b"\n")
+    lines = data.removeprefix(BOM).split(b"\n")
     if lines[-1] == b"":
         lines.pop()
     return lines

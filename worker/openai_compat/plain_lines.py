@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from worker.jsonl import BOM
 from worker.models.base import Model
 from worker.openai_compat.batchfile import MAX_CUSTOM_ID_CHARS, BatchLine, BatchPlan, collection_paused
 from worker.openai_compat.requests import EMBEDDINGS, Request, RequestError, model_for
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 _LINE_KEYS = frozenset(("custom_id", "method", "url", "body"))
 _BODY_KEYS = frozenset(("model", "input"))
-_BOM = b"\xef\xbb\xbf"
 _TEXT_CHECK = Model.__dict__["validate"].__func__  # the common check of a text (a classmethod's function)
 
 
@@ -89,7 +89,7 @@ def _fields(values: list[Any]) -> tuple[list[str], list[str], list[str]] | None:
 
 def _values(data: bytes) -> list[Any] | None:
     """The file's lines as one list, or None if it is not one JSON object per line, every line ``{...``."""
-    data = data.removeprefix(_BOM).rstrip(b"\n\r\t ")
+    data = data.removeprefix(BOM).rstrip(b"\n\r\t ")
     if not data.startswith(b"{"):
         return None
     newlines = data.count(b"\n")

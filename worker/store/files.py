@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, update
 
+from worker.jsonl import BOM
 from worker.store import tables
 from worker.store.db import client_errors
 
@@ -139,7 +140,7 @@ class FileStore:
         first = True
         for data in self.content(file_id):
             if first:
-                data = data.removeprefix(b"\xef\xbb\xbf")
+                data = data.removeprefix(BOM)
                 first = False
             lines = (rest + data).split(b"\n")
             rest = lines.pop()

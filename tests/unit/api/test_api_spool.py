@@ -63,6 +63,13 @@ def test_lines_are_published_as_they_came_crlf_and_spacing_included() -> None:
         assert list(spool.parts()) == [(0, b'{"text": "a",  "id": "x"}\r,  "b"\t')]
 
 
+def test_a_leading_byte_order_mark_is_no_part_of_the_first_line() -> None:
+    # As `batchwork run` and an uploaded OpenAI file take it (a Windows tool's export begins with one).
+    body = b'{"text": "a"}\n"b"\n'
+    assert spooled([b"\xef\xbb\xbf" + body]) == spooled([body]) == [[{"text": "a"}, "b"]]
+    assert spooled([b"\xef\xbb\xbf" + body[:5], body[5:]]) == [[{"text": "a"}, "b"]]
+
+
 @pytest.mark.parametrize(
     ("body", "error"),
     [
