@@ -223,6 +223,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    if unknown := set(args.systems.split(",")) - set(SYSTEMS):
+        parser.error(f"--systems: unknown {', '.join(sorted(unknown))} (known: {', '.join(SYSTEMS)})")
     directory = checkpoint(args.architecture, args.layers, args.width, args.vocab, args.seed)
     texts, ids, new = workload(directory, args.requests, args.seed)
     # The KV budget: every running sequence's worst case, so neither side preempts or waits for cache.
