@@ -46,7 +46,7 @@ class Fleet:
         return sum(int(m.group(1)) for line in logs if (m := pattern.search(line)))
 
     def stop(self) -> None:
-        for proc in self.procs:
+        for proc in self.procs + self.retired:  # the killed ones too: reaped, their log pipes closed
             proc.stop()
 
 

@@ -358,6 +358,7 @@ def test_a_file_over_the_limit_is_413(small_files: dict[str, str]) -> None:
 def _kill(process: Any) -> None:
     process.proc.send_signal(signal.SIGKILL)
     process.proc.wait(10)
+    process.stop()  # its log pipe closed, what it left in its group gone
 
 
 @pytest.mark.slow

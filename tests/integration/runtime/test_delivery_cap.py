@@ -36,6 +36,7 @@ def test_an_item_that_kills_its_worker_fails_alone_after_the_delivery_cap(
             if worker.proc.poll() is not None:  # a supervisor's job: start a new worker
                 deaths += 1
                 assert deaths <= 3, "the poison input crashed a worker more often than the cap allows"
+                worker.stop()  # reaped, its log pipe closed
                 worker = WorkerProcess(env, f"crash{deaths}@test")
             time.sleep(0.1)
     finally:

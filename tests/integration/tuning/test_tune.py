@@ -55,7 +55,7 @@ def test_simulated_a20_b2_bound_180_applies_n_up_to_80_and_a_new_worker_runs_it(
     assert done.returncode == 0, done.stderr
 
     result = json.loads(done.stdout)
-    points = list(csv.DictReader((tmp_path / "points.csv").open()))
+    points = list(csv.DictReader((tmp_path / "points.csv").read_text().splitlines()))
     within = [int(p["n"]) for p in points if int(p["n"]) <= 80 and float(p["p99_ms"]) <= 180]
     assert result["max_batch_size"] == max(within) and 64 <= max(within) <= 80  # 20 + 2n <= 180
     assert result["p99_batch_ms"] <= 180 and result["lanes"]["high"]["max_batch_size"] < 16
@@ -131,7 +131,7 @@ def test_minilm_sweep_writes_a_csv_json_and_png_and_compares_precisions(sqlite_u
 
     with Image.open(tmp_path / "curve.png") as image:
         assert image.format == "PNG" and image.size[0] > 600
-    rows = list(csv.DictReader((tmp_path / "points.csv").open()))
+    rows = list(csv.DictReader((tmp_path / "points.csv").read_text().splitlines()))
     assert {(r["precision"], r["length"]) for r in rows} >= {("fp32", "16"), ("fp32", "64")}
     by_precision = {row["precision"]: row for row in result["precisions"]}
     assert by_precision["fp32"]["min_cosine"] == pytest.approx(1.0, abs=1e-6)
@@ -237,7 +237,7 @@ def test_a_step_model_sweeps_running_sequences_and_sizes_the_kv_cache(
     assert result["max_batch_size"] >= 1 and result["tokens_per_s"] > 0 and result["p99_step_ms"] > 0
     assert result["max_batch_tokens"] is None and result["kv_budget_tokens"] % 16 == 0
     assert result["kv_budget_tokens"] >= 16
-    rows = list(csv.DictReader((tmp_path / "points.csv").open()))
+    rows = list(csv.DictReader((tmp_path / "points.csv").read_text().splitlines()))
     assert {int(r["length"]) for r in rows} == {8, 24} and max(int(r["n"]) for r in rows) == 8
 
     refused = batchwork(env, "tune", "gpt2", "--precisions", "bf16")
