@@ -37,6 +37,8 @@ __all__ = [
 
 TASK_NAME = "batchwork.infer"
 _DEFAULT_VALIDATE = Model.validate.__func__  # type: ignore[attr-defined]
+# An integer id of more bits has more than MAX_ITEM_ID_CHARS digits (over 3.3 bits a digit): refused unread.
+_MAX_ID_BITS = MAX_ITEM_ID_CHARS * 4
 # What a caller passes to infer.delay / client.submit.
 CALL_ARGUMENTS = ("model", "inputs", "priority", "deadline_s")
 # What a message carries: the call, plus which job its items belong to and where they sit in it.
@@ -245,6 +247,8 @@ def _plain_ids(ids: list[Any]) -> list[str | None]:
     if not kinds <= {str, int, type(None)}:  # bool, float, ...: item_id names the item
         return []
     if int in kinds:
+        if max(ident.bit_length() for ident in ids if type(ident) is int) > _MAX_ID_BITS:
+            return []
         ids = [ident if ident is None else str(ident) for ident in ids]
     present = [ident for ident in ids if ident is not None] if type(None) in kinds else ids
     if max(map(len, present)) > MAX_ITEM_ID_CHARS or not all_storable(present):
@@ -270,6 +274,8 @@ def item_id(index: int, item: object) -> str | None:
     ident = item["id"]
     if isinstance(ident, bool) or not isinstance(ident, str | int):
         raise InvalidInput("field 'id' must be a string or an integer", index)
+    if isinstance(ident, int) and ident.bit_length() > _MAX_ID_BITS:  # str() of a huge one raises, or crawls
+        raise InvalidInput(f"field 'id' is an integer of over {MAX_ITEM_ID_CHARS} digits", index)
     ident = str(ident)
     if len(ident) > MAX_ITEM_ID_CHARS:
         raise InvalidInput(

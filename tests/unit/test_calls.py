@@ -129,6 +129,10 @@ def test_item_ids_are_strings_or_integers(item: object, expected: str | None) ->
         (True, "must be a string or an integer"),
         (1.5, "must be a string or an integer"),
         ({"a": 1}, "must be a string or an integer"),
+        (10 ** (MAX_ITEM_ID_CHARS + 1), f"has {MAX_ITEM_ID_CHARS + 2} characters, over the limit"),
+        # str() of an integer of over 4,300 digits raises ValueError: refused before it is written out.
+        pytest.param(10**5000, f"is an integer of over {MAX_ITEM_ID_CHARS} digits", id="10**5000"),
+        pytest.param(-(2**100_000), f"is an integer of over {MAX_ITEM_ID_CHARS} digits", id="-2**100000"),
     ],
 )
 def test_an_item_id_the_store_cannot_keep_is_refused(ident: object, fragment: str) -> None:
@@ -268,5 +272,5 @@ def test_plain_items_carry_ids_and_decline_what_item_id_refuses() -> None:
         ["a", "b"],
         [None, "1"],
     )
-    for bad in (True, 1.5, "x" * 201, "a\x00"):
+    for bad in (True, 1.5, "x" * 201, "a\x00", 10**5000):
         assert plain_items(Noop, [{"text": "a", "id": bad}], SETTINGS) is None
