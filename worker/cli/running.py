@@ -25,6 +25,7 @@ import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from worker.bounds import is_count
 from worker.cli.base import console
 from worker.errors import InvalidInput
 from worker.jsonl import InputFileError, ResultFile, format_result, input_lines, parse_line, too_many
@@ -113,7 +114,10 @@ class RunState:
             return None
         if not isinstance(saved, dict) or saved.get("fingerprint") != self.fingerprint:
             return None
-        return replace(self, job_id=str(saved.get("job_id", "")), published=int(saved.get("published", 0)))
+        job_id, published = saved.get("job_id"), saved.get("published")
+        if not isinstance(job_id, str) or not is_count(published):  # not ours, or damaged: run afresh
+            return None
+        return replace(self, job_id=job_id, published=published)
 
     def save(self) -> None:
         temporary = self.path.with_name(self.path.name + ".tmp")

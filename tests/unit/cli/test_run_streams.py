@@ -8,7 +8,9 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from worker.cli.running import InOrder
+import pytest
+
+from worker.cli.running import InOrder, RunState
 from worker.jsonl import ResultFile, input_lines
 from worker.store.values import ItemRecord
 
@@ -72,3 +74,30 @@ def test_input_lines_skip_blank_lines_a_byte_order_mark_and_the_first_items_aske
     assert [number for number, _ in lines] == [1, 4, 5]
     assert [json.loads(line) for _, line in lines] == [{"a": 1}, {"a": 2}, {"a": 3}]
     assert [number for number, _ in input_lines(tmp_path / "in.jsonl", skip=2)] == [5]
+
+
+def test_the_state_a_killed_run_left_is_read_back_and_a_damaged_one_is_ignored(tmp_path: Path) -> None:
+    state = RunState.beside(tmp_path / "out.jsonl", "f" * 64)
+    assert state.previous() is None
+    state.job_id, state.published = "00000000-0000-4000-8000-000000000001", 300
+    state.save()
+    assert state.previous() == state
+    assert RunState.beside(tmp_path / "out.jsonl", "another input").previous() is None
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [
+        b"{",
+        b"[]",
+        b'{"job_id": 5, "published": 1}',
+        b'{"job_id": "j", "published": "300"}',
+        b'{"job_id": "j", "published": -1}',
+        b'{"job_id": "j"}',
+    ],
+)
+def test_a_damaged_state_file_starts_the_run_afresh(tmp_path: Path, saved: bytes) -> None:
+    state = RunState.beside(tmp_path / "out.jsonl", "f" * 64)
+    fingerprint = b'{"fingerprint": "' + b"f" * 64 + b'", '
+    state.path.write_bytes(fingerprint + saved[1:] if saved.startswith(b'{"') else saved)
+    assert state.previous() is None
