@@ -18,6 +18,9 @@ from worker.settings import Settings
 NDJSON = "application/x-ndjson"
 MULTIPART = "multipart/form-data"
 MULTIPART_ENVELOPE_BYTES = 64 * 2**10
+# The two routes that take a larger body than JSON: NDJSON, spooled to disk as it streams, and a file
+# upload. Any other body, whatever its Content-Type says, is read whole into memory: the JSON limit.
+LARGE_BODIES = {("/v1/jobs", NDJSON), ("/v1/files", MULTIPART)}
 
 
 def refuse(status: int, detail: str, settings: Settings) -> HTTPException:
@@ -71,20 +74,20 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        limit = self._limit(headers.get(b"content-type", b""))
+        limit = self._limit(scope["path"], headers.get(b"content-type", b""))
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > limit:
             await _send_413(send, limit)
             return
         await self.app(scope, _counting(receive, limit), send)
 
-    def _limit(self, content_type: bytes) -> int:
+    def _limit(self, path: str, content_type: bytes) -> int:
         kind = content_type.split(b";")[0].strip().decode("latin-1").lower()
+        if (path.rstrip("/"), kind) not in LARGE_BODIES:
+            return self.settings.api_max_body_bytes
         if kind == NDJSON:
             return self.settings.api_max_ndjson_bytes
-        if kind == MULTIPART:  # a file upload (/v1/files): the file's limit, plus its multipart envelope
-            return self.settings.api_max_file_bytes + MULTIPART_ENVELOPE_BYTES
-        return self.settings.api_max_body_bytes
+        return self.settings.api_max_file_bytes + MULTIPART_ENVELOPE_BYTES  # the file and its envelope
 
 
 def _counting(receive: Receive, limit: int) -> Receive:
