@@ -8,6 +8,7 @@ refusing it here keeps the two stores alike. No SQL, pydantic or Celery here.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, TypeGuard
 
@@ -107,7 +108,10 @@ def _check_json_leaf(part: Any, what: str) -> None:
     if isinstance(part, str):
         check_text(part, what)
     elif isinstance(part, int) and not isinstance(part, bool):
-        if not MIN_JSON_INT <= part <= MAX_JSON_INT:
-            raise InvalidInput(f"{what} holds an integer beyond 64 bits ({str(part)[:20]}...)")
-    elif not (part is None or isinstance(part, bool | float)):
+        if not MIN_JSON_INT <= part <= MAX_JSON_INT:  # its bits, not its digits: str() of a huge one raises
+            raise InvalidInput(f"{what} holds an integer beyond 64 bits (of {part.bit_length()} bits)")
+    elif isinstance(part, float):
+        if not math.isfinite(part):  # JSON has no NaN or infinity: the column would keep null
+            raise InvalidInput(f"{what} holds {part}, which JSON cannot hold")
+    elif not (part is None or isinstance(part, bool)):
         raise InvalidInput(f"{what} holds a {type(part).__name__}, which is not JSON")
