@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, update
 
+from worker.errors import InvalidInput
 from worker.jsonl import BOM
 from worker.store import tables
 from worker.store.db import client_errors
@@ -99,7 +100,7 @@ class FileStore:
         if purpose is not None:
             query = query.where(_FILE.purpose == purpose)
         with client_errors(self.url), self.engine.connect() as conn:
-            rows = conn.execute(_keyset(query, tables.files, after, limit, newest_first, conn)).all()
+            rows = conn.execute(_keyset(query, tables.files, tenants, after, limit, newest_first, conn)).all()
         return Page([FileRecord(**row._asdict()) for row in rows[:limit]], len(rows) > limit)
 
     def content(self, file_id: str) -> Iterator[bytes]:
@@ -217,7 +218,8 @@ class BatchStore:
     def page(self, tenants: Collection[str], after: str | None, limit: int) -> Page:
         query = select(tables.openai_batches).where(_BATCH.tenant.in_(list(tenants)))
         with client_errors(self.url), self.engine.connect() as conn:
-            rows = conn.execute(_keyset(query, tables.openai_batches, after, limit, True, conn)).all()
+            query = _keyset(query, tables.openai_batches, tenants, after, limit, True, conn)
+            rows = conn.execute(query).all()
         return Page([dict(row._mapping) for row in rows[:limit]], len(rows) > limit)
 
     def claimable(self) -> list[str]:
@@ -311,17 +313,27 @@ class BatchStore:
 
 
 def _keyset(
-    query: Any, table: Any, after: str | None, limit: int, newest_first: bool, conn: Connection
+    query: Any,
+    table: Any,
+    tenants: Collection[str],
+    after: str | None,
+    limit: int,
+    newest_first: bool,
+    conn: Connection,
 ) -> Any:
-    """``query`` ordered by (created_at, id), newest or oldest first, from the row after ``after``."""
+    """``query`` ordered by (created_at, id), newest or oldest first, from the row after ``after``: one of
+    ``tenants``' rows (expired too: a listing may outlive the row it stopped at), else InvalidInput. Read
+    from the first page again, a client would loop or see rows twice; another tenant's id reveals nothing."""
     created, ident = table.c.created_at, table.c.id
     if after is not None:
-        anchor = conn.execute(select(created).where(ident == after)).scalar_one_or_none()
-        if anchor is not None:
-            if newest_first:
-                query = query.where(or_(created < anchor, and_(created == anchor, ident < after)))
-            else:
-                query = query.where(or_(created > anchor, and_(created == anchor, ident > after)))
+        found = select(created).where(ident == after, table.c.tenant.in_(list(tenants)))
+        anchor = conn.execute(found).scalar_one_or_none()
+        if anchor is None:
+            raise InvalidInput(f"after: {after!r} is none of yours to list from (deleted, or never one)")
+        if newest_first:
+            query = query.where(or_(created < anchor, and_(created == anchor, ident < after)))
+        else:
+            query = query.where(or_(created > anchor, and_(created == anchor, ident > after)))
     order = (created.desc(), ident.desc()) if newest_first else (created.asc(), ident.asc())
     return query.order_by(*order).limit(limit + 1)
 

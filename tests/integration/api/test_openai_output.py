@@ -15,6 +15,7 @@ import pytest
 
 from api.batch_output import Cursor, LeaseLost, OutputWriter
 from api.batch_runner import job_id_for
+from worker.errors import InvalidInput
 from worker.openai_compat.batchfile import plan_batch
 from worker.settings import Settings
 from worker.store.files import BatchStore, FileRecord, FileStore, utcnow
@@ -124,3 +125,28 @@ def test_an_expired_file_is_gone_and_its_bytes_swept(pg_store: ResultStore) -> N
     assert files.sweep_expired() == 1
     assert list(files.content(old)) == []
     assert b"".join(files.content(new)) == b"n\n" and b"".join(files.content(kept)) == b"k\n"
+
+
+def test_a_listing_goes_on_after_an_expired_file_and_refuses_a_deleted_or_foreign_one(
+    pg_store: ResultStore,
+) -> None:
+    files, batches = FileStore(pg_store.engine, pg_store.url), BatchStore(pg_store.engine, pg_store.url)
+    now = utcnow()
+    ids = [f"file-{uuid.uuid4().hex}" for _ in range(4)]
+    for age, file_id in enumerate(ids):  # ids[0] the newest
+        created, expires = now - timedelta(seconds=age), now - timedelta(seconds=1) if age == 1 else None
+        files.create(FileRecord(file_id, "t", "f.jsonl", "batch", 0, created, expires), [])
+    foreign = f"file-{uuid.uuid4().hex}"
+    files.create(FileRecord(foreign, "u", "f.jsonl", "batch", 0, now), [])
+
+    def listed(after: str | None) -> list[str]:
+        return [record.id for record in files.page(["t"], None, after, 10, True).rows]
+
+    assert listed(None) == [ids[0], ids[2], ids[3]]  # ids[1] has expired
+    assert listed(ids[1]) == [ids[2], ids[3]]  # a listing that stopped at it goes on
+    assert files.delete(ids[2], ["t"])
+    for gone in (ids[2], foreign, "file-never"):  # read from the first page again, a client would loop
+        with pytest.raises(InvalidInput, match=f"^after: '{gone}' is none of yours to list from"):
+            listed(gone)
+    with pytest.raises(InvalidInput, match="^after: 'batch_never'"):
+        batches.page(["t"], "batch_never", 10)
