@@ -242,7 +242,7 @@ def create_batch(body: BatchCreate, key: Caller, oai: Surface) -> BatchObject:
 
 
 def _window_s(window: str) -> int:
-    match = _WINDOW.match(window)
+    match = _WINDOW.fullmatch(window)  # not match: "$" lets a final newline by
     seconds = int(match[1]) * _SECONDS[match[2]] if match else 0
     if not 0 < seconds <= MAX_WINDOW_S:
         raise HTTPException(

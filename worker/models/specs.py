@@ -68,7 +68,7 @@ def _parse_entry(entry: str) -> ModelSpec:
     spec = rest if equals else entry
     kind, colon, directory = spec.partition(":")
     if colon and kind in MODEL_KINDS:
-        if equals and not _NAME.match(name):
+        if equals and not _NAME.fullmatch(name):  # fullmatch: "$" alone lets a final newline by
             raise ValueError(f"{entry!r}: a model name is letters, digits and . _ - (before the '=')")
         if not directory:
             raise ValueError(f"{entry!r}: {kind}: needs a checkpoint directory, e.g. {kind}:/models/mine")

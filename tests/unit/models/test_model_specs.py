@@ -34,6 +34,7 @@ def test_entries_parse_to_their_spec(entry: str, spec: ModelSpec) -> None:
         "x=",
         "=embed:/d",
         "a b=embed:/d",
+        "x\n=embed:/d",  # "$" alone would let the final newline by
         "e5=embed:",
         "e5=tpu:/d",
         "x=pkg.mod:Cls",
