@@ -237,6 +237,10 @@ class HeldQoS(kombu_redis.QoS):
         changes ``_delivered``."""
         deque(map(self._delivered.pop, delivery_tags, repeat(None)), maxlen=0)
 
+    def holds(self, delivery_tag: str) -> bool:
+        """Whether this delivered message was handed to a consumer and is not acknowledged yet."""
+        return delivery_tag in self._delivered
+
     def holding(self) -> bool:
         """Whether any delivered message is not acknowledged yet: its acks and events are still to come, so
         the worker's timers keep their short periods (``can_consume`` counts the same way: delivered

@@ -189,7 +189,15 @@ class Channel(FetchingChannel):
             log.error("dropped a message in %s that is not a kombu message (%s): %r", queue, exc, raw[:200])
             self.qos.ack_many([tag])
             return
-        self.deliver(payload, queue)
+        try:
+            self.deliver(payload, queue)
+        except Exception as exc:  # never the rest of the fetch: those are held in Redis already
+            if self.qos.holds(tag):  # past kombu's decoding: whoever took it settles it
+                log.exception("handing message %s in %s to its consumer failed", tag, queue)
+                return
+            # kombu could not make it a message (its body's encoding, its envelope's types): no one holds it.
+            log.error("dropped a message in %s that kombu cannot decode (%s): %r", queue, exc, raw[:200])
+            self.qos.ack_many([tag])
 
 
 class Poller(FanoutPoller):

@@ -141,6 +141,29 @@ def test_messages_of_no_batchwork_task_are_refused_and_the_worker_goes_on(stack:
     assert_fine(store, fine)
 
 
+@pytest.mark.slow
+def test_a_message_kombu_cannot_decode_is_dropped_and_the_rest_of_its_fetch_is_served(stack: Any) -> None:
+    _app, store, broker = stack
+
+    def good() -> tuple[str, bytes]:
+        task_id, kwargs = str(uuid.uuid4()), orjson.dumps({"model": ECHO, "inputs": ["still fine"]})
+        return task_id, task_message(TASK_NAME, task_id, QUEUES[1], kwargs, kwargsrepr="{}", origin="hostile")
+
+    goods = [good() for _ in range(3)]
+    envelope = orjson.loads(goods[0][1])
+    envelope["headers"]["id"] = str(uuid.uuid4())
+    bad = [
+        {**envelope, "body": "not base64"},
+        {**envelope, "body": 12345},
+        {**envelope, "properties": {**envelope["properties"], "body_encoding": "rot13"}},
+    ]
+    # One LPUSH: the worker takes them in one fetch, the bad ones between the good ones.
+    broker.lpush(QUEUES[1], goods[0][1], *map(orjson.dumps, bad), goods[1][1], goods[2][1])
+    wait_idle(broker)  # nothing held: the bad ones were dropped, not handed back after every lease
+    for task_id, _ in goods:
+        assert_fine(store, task_id)
+
+
 def assert_fine(store: ResultStore, job_id: str) -> None:
     status = store.status(job_id)
     assert status is not None and status.state == "succeeded", status
