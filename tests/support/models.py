@@ -155,6 +155,44 @@ class StepFailsNoAbort(Counter):
         return super().step()
 
 
+# Counters that break the StepModel contract one way each: the engine must still end every item once.
+class StepTwice(Counter):
+    def step(self) -> list[FinishedSequence]:
+        done = super().step()
+        return done + done  # each sequence finished twice
+
+
+class StepMadeUp(Counter):
+    def step(self) -> list[FinishedSequence]:
+        return [*super().step(), FinishedSequence("a key it never admitted", {"counted": []})]
+
+
+class StepNeither(Counter):
+    def step(self) -> list[FinishedSequence]:
+        return [FinishedSequence(done.key) for done in super().step()]  # no output, no error
+
+
+class StepNaN(Counter):
+    def step(self) -> list[FinishedSequence]:
+        return [FinishedSequence(done.key, float("nan")) for done in super().step()]
+
+
+class StepNone(Counter):
+    def step(self) -> list[FinishedSequence]:
+        super().step()
+        return None  # type: ignore[return-value]
+
+
+class RunningFails(Counter):
+    def running(self) -> int:
+        raise RuntimeError("running() broke")
+
+
+class CanAdmitFails(Counter):
+    def can_admit(self, length: int) -> bool:
+        raise RuntimeError("can_admit() broke")
+
+
 class SlowEmbed(Model):
     """An embed model whose vector tells its input: [length of the text, 1.0, its first character's code];
     each batch takes 20 ms, so a batch of thousands of inputs is still running when a test kills a worker."""

@@ -7,6 +7,8 @@ memory splits the same way and is reported, so the engine can lower that model's
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +47,31 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return "out of memory" in text.lower() or "can't allocate memory" in text
 
 
+def output_error(output: Any) -> str | None:
+    """Why ``output`` cannot be an item's stored output, if it cannot: None, or a float NaN or infinity
+    (numpy's too), which JSON has no word for: orjson writes null, and the item would read as neither
+    answered nor failed. (A NaN inside a list or an object is written as null, unchecked: a walk of every
+    output would cost more than the batch's storing.)"""
+    if output is None:
+        return NO_OUTPUT
+    if type(output) in _float_types() and not math.isfinite(output):
+        return f"the model returned {float(output)} for this item, which JSON cannot hold"
+    return None
+
+
+def output_errors(outputs: Sequence[Any]) -> list[str | None]:
+    """``output_error`` of each output, in one pass of type checks while none is suspect."""
+    suspects = {type(None), *_float_types()}
+    if not any(type(output) in suspects for output in outputs):
+        return [None] * len(outputs)
+    return list(map(output_error, outputs))
+
+
+def _float_types() -> set[type]:
+    numpy = sys.modules.get("numpy")  # never imported here: a model that made a numpy float imported it
+    return {float} if numpy is None else {float, numpy.float16, numpy.float32, numpy.float64}
+
+
 def run_batch(
     forward: Callable[[Sequence[Any]], Sequence[Any]],
     payloads: Sequence[Any],
@@ -73,12 +100,13 @@ def _run(
     if error is None:
         report.largest_ok = max(report.largest_ok, len(payloads))
         outputs = list(outputs)
-        if any(output is None for output in outputs):
-            report.outputs += outputs
-            report.errors += [None if output is not None else NO_OUTPUT for output in outputs]
-        else:
-            report.outputs += outputs
-            report.errors += [None] * len(outputs)
+        errors = output_errors(outputs)
+        report.outputs += (
+            outputs
+            if errors.count(None) == len(errors)
+            else [None if error else output for output, error in zip(outputs, errors, strict=True)]
+        )
+        report.errors += errors
         return
     if out_of_memory:
         # Out of the except block: the exception no longer pins the failed batch's tensors.

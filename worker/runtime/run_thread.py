@@ -15,11 +15,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from itertools import groupby
 from operator import attrgetter
+from typing import Any
 
 from worker.batching.scheduler import Batch, Item, Scheduler
 from worker.models.base import FinishedSequence
 from worker.runtime.deliveries import Pack, ResultsToStore, TokenReport, ToStore
-from worker.runtime.forward import error_text, run_batch
+from worker.runtime.forward import error_text, output_error, run_batch
 from worker.runtime.hooks import Hooks, Ran, Run
 from worker.runtime.loaded_models import LoadedModels, Stepping
 from worker.settings import Settings
@@ -159,63 +160,99 @@ class Runner:
     # -- steps (continuous batching) ------------------------------------------------------------
 
     def _has_steps(self, stepping: Stepping) -> bool:
-        if stepping.name in self._broken:  # its own count is not to be trusted: only what waits is work
-            return self.scheduler.waiting_for(stepping.name) > 0
-        return stepping.model.running() > 0 or self.scheduler.waiting_for(stepping.name) > 0
+        name = stepping.name
+        if name in self._broken:  # its own count is not to be trusted: only what this thread knows is work
+            return bool(self._admitted.get(name)) or self.scheduler.waiting_for(name) > 0
+        try:
+            return stepping.model.running() > 0 or self.scheduler.waiting_for(name) > 0
+        except Exception as exc:
+            self._break(name, f"its running() failed: {error_text(exc)}")
+            return True
 
     def _step(self, stepping: Stepping) -> None:
-        """Continuous batching: admit waiting items while there is room, then advance every sequence."""
+        """Continuous batching: admit waiting items while there is room, then advance every sequence.
+
+        A step model's own methods are its author's code: one that raises where it has no way to recover
+        (see ``_stepped``) breaks the model, never this thread, and its items end with the reason."""
         name, model = stepping
         write, now = ResultsToStore(), self.clock()
-        if name in self._broken:
+        if name not in self._broken:
+            try:
+                while model.running() < model.max_running and name not in self._alone:
+                    with self.ready:
+                        item = self.scheduler.admit_next(name, now, lambda item: self._fits(stepping, item))
+                    if item is None:
+                        break
+                    self._admit(stepping, item, write)
+            except Exception as exc:
+                self._break(name, f"admitting failed: {error_text(exc)}")
+        finished = self._stepped(stepping) if name not in self._broken else []
+        if name in self._broken:  # every item it holds or that waits for it ends: it serves nothing more
+            error = self._broken[name]
             with self.ready:
                 waiting = list(iter(lambda: self.scheduler.admit_next(name, now, lambda item: True), None))
+            finished += [
+                FinishedSequence(item, error=error) for item in self._admitted.get(name, {}).values()
+            ]
             for refused in waiting:
-                self._finish(name, FinishedSequence(refused, error=self._broken[name]), write)
-            self.results.put(write)
-            return
-        while model.running() < model.max_running and name not in self._alone:
-            with self.ready:
-                item = self.scheduler.admit_next(name, now, lambda item: self._fits(stepping, item))
-            if item is None:
-                break
-            self._admit(stepping, item, write)
-        for finished in self._stepped(stepping):
-            self._finish(name, finished, write)
+                self._end(name, refused, FinishedSequence(refused, error=error), write)
+        for sequence in finished:
+            self._finish(name, sequence, write)
         if len(write):
             self.results.put(write)
-        self._report_tokens(stepping)
+        if name not in self._broken:
+            self._report_tokens(stepping)
 
-    def _finish(self, name: str, finished: FinishedSequence, write: ResultsToStore) -> None:
-        key: Item = finished.key
-        pack: Pack = key.ref
-        self._admitted.get(name, {}).pop((key.job_id, key.index), None)
-        if self._alone.get(name) is key:
+    def _finish(self, name: str, finished: Any, write: ResultsToStore) -> None:
+        """A sequence the model says has finished: its item's outcome, once. A key the model was not running
+        (one it made up, or finished before) is logged and ignored: storing it would settle its message
+        twice, or settle another message."""
+        key = getattr(finished, "key", None)
+        if (
+            not isinstance(finished, FinishedSequence)
+            or not isinstance(key, Item)
+            or self._admitted.get(name, {}).pop((key.job_id, key.index), None) is None
+        ):
+            log.error("%s finished a sequence it was not running (%.200r); ignored", name, finished)
+            return
+        self._end(name, key, finished, write)
+
+    def _end(self, name: str, item: Item, finished: FinishedSequence, write: ResultsToStore) -> None:
+        pack: Pack = item.ref
+        if self._alone.get(name) is item:
             del self._alone[name]
-        self.hooks.after_batch([(pack, (key,))], None)
+        self.hooks.after_batch([(pack, (item,))], None)
+        output, error = finished.output, finished.error
+        if error is None and (error := output_error(output)) is not None:
+            output = None  # None, or NaN: neither an answer nor a failure as it stands
         outcome = ItemRecord(
-            key.job_id, key.index, pack.item_id(key.index), finished.output, finished.error, finished.tokens
+            item.job_id, item.index, pack.item_id(item.index), output, error, finished.tokens
         )
         write.add(outcome, pack.delivery)
 
     def _stepped(self, stepping: Stepping) -> list[FinishedSequence]:
         """One step's finished sequences; if the step raised (the device out of memory part way through a
-        decode, a bug), every admitted sequence ends with that error, or each later step would fail alike
-        and their items never end. A model that cannot end them (no ``abort``, or it raised too) is not
-        stepped again: this thread ends the items it admitted, and every later one, itself."""
+        decode, a bug) or gave no list, every admitted sequence ends with that error, or each later step
+        would fail alike and their items never end. A model that cannot end them (no ``abort``, or it
+        raised too) is broken: ``_step`` ends the items it admitted, and every later one, itself."""
         name, model = stepping
         try:
-            return model.step()
+            return list(model.step())
         except Exception as exc:
-            log.exception("%s: a step failed; its %d sequences end with the error", name, model.running())
+            log.exception("%s: a step failed; its sequences end with the error", name)
             self._alone.pop(name, None)
             error = f"the model failed while generating: {error_text(exc)}"
             try:
-                return model.abort(error)
+                return list(model.abort(error))
             except Exception:
-                log.exception("%s could not end its sequences; it serves nothing more until a restart", name)
-                self._broken[name] = f"{name} stopped serving after a failed step it could not undo ({error})"
-                return [FinishedSequence(item, error=error) for item in self._admitted.pop(name, {}).values()]
+                self._break(name, f"a failed step it could not undo ({error})")
+                return []
+
+    def _break(self, name: str, why: str) -> None:
+        """``name`` serves nothing more until the worker restarts; the next ``_step`` ends its items."""
+        log.exception("%s stopped serving after %s", name, why)
+        self._broken[name] = f"{name} stopped serving after {why}"
+        self._alone.pop(name, None)
 
     def _fits(self, stepping: Stepping, item: Item) -> bool:
         alone = item.ref.alone(item.index)
@@ -236,7 +273,7 @@ class Runner:
         except Exception as exc:  # it left the scheduler: ending it here is the only way it ends
             log.exception("%s could not admit an item", stepping.name)
             error = f"the model could not admit the item: {error_text(exc)}"
-            self._finish(stepping.name, FinishedSequence(item, error=error), write)
+            self._end(stepping.name, item, FinishedSequence(item, error=error), write)
             return
         self._admitted.setdefault(stepping.name, {})[item.job_id, item.index] = item
 

@@ -375,13 +375,46 @@ def test_a_step_model_that_cannot_undo_a_failed_step_ends_its_items_and_every_la
     doomed = message(STEP_FAILS_NO_ABORT, [{"count": 3}, {"count": 13}])
     running.send(doomed)
     error = "the model failed while generating: RuntimeError: CUDA error: an illegal memory access was "
-    error += "encountered"
-    assert [o.error for o in running.stored(job_of(doomed), 2)] == [error, error]
+    broken = (
+        f"{STEP_FAILS_NO_ABORT} stopped serving after a failed step it could not undo ({error}encountered)"
+    )
+    assert [o.error for o in running.stored(job_of(doomed), 2)] == [broken, broken]
     later = message(STEP_FAILS_NO_ABORT, [{"count": 2}])
     running.send(later)
-    [outcome] = running.stored(job_of(later), 1)
-    assert (
-        outcome.error
-        == f"{STEP_FAILS_NO_ABORT} stopped serving after a failed step it could not undo ({error})"
-    )
-    wait_until(lambda: later.acks == 1)
+    assert [o.error for o in running.stored(job_of(later), 1)] == [broken]
+    wait_until(lambda: doomed.acks == 1 and later.acks == 1)
+
+
+COUNTED = [({"counted": [1, 2]}, None), ({"counted": [1, 2, 3]}, None)]
+
+
+@pytest.mark.parametrize(
+    ("model", "outcomes"),
+    [
+        ("StepTwice", COUNTED),  # the second report of each is ignored: the message settles once
+        ("StepMadeUp", COUNTED),
+        ("StepNeither", [(None, "the model returned no output (None) for this item")] * 2),
+        ("StepNaN", [(None, "the model returned nan for this item, which JSON cannot hold")] * 2),
+        (
+            "StepNone",
+            "stopped serving after a failed step it could not undo (the model failed while generating: "
+            "TypeError: 'NoneType' object is not iterable)",
+        ),
+        ("RunningFails", "stopped serving after its running() failed: RuntimeError: running() broke"),
+        ("CanAdmitFails", "stopped serving after admitting failed: RuntimeError: can_admit() broke"),
+    ],  # fmt: skip
+)
+def test_a_step_model_that_breaks_its_contract_ends_each_item_once_and_the_engine_serves_on(
+    start: Callable[..., Running], model: str, outcomes: Any
+) -> None:
+    name = f"tests.support.models:{model}"
+    running = start(Settings(models=[name, RECORDER]))
+    sent = message(name, [{"count": 2}, {"count": 3}])
+    running.send(sent)
+    if isinstance(outcomes, str):
+        outcomes = [(None, f"{name} {outcomes}")] * 2
+    assert [(o.output, o.error) for o in running.stored(job_of(sent), 2)] == outcomes
+    wait_until(lambda: sent.acks == 1)
+    other = message(RECORDER, ["still served"])
+    running.send(other)
+    assert [o.output for o in running.stored(job_of(other), 1)] == ["STILL SERVED"]
