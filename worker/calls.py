@@ -19,6 +19,7 @@ from typing import Any
 
 from worker.batching.policy import PRIORITIES
 from worker.bounds import MAX_COUNT, MAX_ITEM_ID_CHARS, all_storable, check_text, is_count, is_job_id
+from worker.errors import MODEL_FAILURES
 from worker.models.base import InvalidInput, Model
 from worker.models.registry import model_class, shown
 from worker.settings import Settings
@@ -262,7 +263,7 @@ def check_item(cls: type[Model], index: int, item: object, settings: Settings) -
         checked = cls.validate(index, item, settings)
     except InvalidInput:
         raise
-    except Exception as exc:  # a user model's check that breaks is its item's error, not the worker's
+    except MODEL_FAILURES as exc:  # a user model's check that breaks is its item's error, not the worker's
         raise InvalidInput(f"the model's check failed: {type(exc).__name__}: {exc}", index) from exc
     return checked, item_id(index, item)
 

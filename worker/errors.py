@@ -5,6 +5,10 @@ Each message is one line a user can act on; the CLI prints it as it is, never wi
 
 from __future__ import annotations
 
+# What a model's own code may raise, caught where batchwork calls it: a model that calls sys.exit() fails its
+# items, never ends the engine's thread (KeyboardInterrupt, the user's Ctrl-C, is left alone).
+MODEL_FAILURES = (Exception, SystemExit)
+
 
 class BatchworkError(Exception):
     """Base of every error batchwork raises on purpose."""

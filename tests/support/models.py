@@ -8,6 +8,7 @@ dying); Counter is a user's own step model.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -191,6 +192,22 @@ class RunningFails(Counter):
 class CanAdmitFails(Counter):
     def can_admit(self, length: int) -> bool:
         raise RuntimeError("can_admit() broke")
+
+
+class Exits(Model):
+    """Echoes each text, but calls sys.exit() for "exit" and raises KeyboardInterrupt for "interrupt" (what
+    no worker thread gets from a signal: here it stands for anything that ends a thread)."""
+
+    name = "exits"
+    max_batch_size = 8
+    max_wait_ms = 5
+
+    def forward(self, payloads: Sequence[str]) -> list[str]:
+        if "exit" in payloads:
+            sys.exit(3)
+        if "interrupt" in payloads:
+            raise KeyboardInterrupt
+        return list(payloads)
 
 
 class SlowEmbed(Model):

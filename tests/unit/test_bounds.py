@@ -23,7 +23,8 @@ from worker.calls import item_id, job_id_of
 from worker.errors import InvalidInput
 
 UNSTORABLE = ("\x00", "\ud800", "\udfff", "\udc80")
-json_leaves = st.none() | st.booleans() | st.floats(allow_nan=False) | st.integers(-(2**63), 2**64 - 1)
+json_numbers = st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**63), 2**64 - 1)
+json_leaves = st.none() | st.booleans() | json_numbers  # no NaN nor infinity in JSON: refused (below)
 json_values = st.recursive(
     json_leaves | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),

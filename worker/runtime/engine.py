@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -104,6 +105,7 @@ class Engine:
             self.tuned.record_out_of_memory,
         )
         self.ready = threading.Event()
+        self._stopping = self._dead_told = False
         self._threads = {
             "prepare": threading.Thread(target=self.preparer.loop, name="batchwork-prepare", daemon=True),
             "run": threading.Thread(target=self.runner.loop, name="batchwork-run", daemon=True),
@@ -129,7 +131,19 @@ class Engine:
         self.preparer.deliveries.put(delivery)
 
     def stalled_s(self) -> float:
-        """How long the store has failed every write (0 while it makes progress)."""
+        """How long the store has failed every write (0 while it makes progress); without end once one of
+        the engine's threads has died (a bug of ours, or a model's ``SystemExit``): the worker then fetches
+        nothing more and stops renewing its leases, so other workers take what it held, and says so."""
+        if not self._stopping and self.ready.is_set():
+            dead = [name for name, thread in self._threads.items() if not thread.is_alive()]
+            if dead:
+                if not self._dead_told:
+                    log.critical(
+                        "the engine's %s thread has died: this worker takes no more work and lets other "
+                        "workers take what it held; restart it", ", ".join(dead),
+                    )  # fmt: skip
+                    self._dead_told = True
+                return math.inf
         return self.storer.stalled_s()
 
     def _retune(self, models: set[str]) -> None:
@@ -149,6 +163,7 @@ class Engine:
         Messages whose items did not all run stay unacknowledged; the channel hands them back when it
         closes. A store that cannot write gives up after a short wait instead of holding shutdown.
         """
+        self._stopping = True  # its threads end now: that is no death (stalled_s)
         threads = self._threads
         self.lost.stop()
         self.preparer.deliveries.put(None)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.bounds import storable
+from worker.errors import MODEL_FAILURES
 
 NO_OUTPUT = "the model returned no output (None) for this item"
 
@@ -95,7 +96,7 @@ def _run(
         if len(outputs) != len(payloads):
             # A model that drops or adds outputs would shift results onto the wrong items.
             raise RuntimeError(f"model returned {len(outputs)} outputs for {len(payloads)} inputs")
-    except Exception as exc:  # the boundary that turns a model failure into stored errors
+    except MODEL_FAILURES as exc:  # the boundary that turns a model failure into stored errors
         error, out_of_memory = error_text(exc), is_out_of_memory(exc)
     if error is None:
         report.largest_ok = max(report.largest_ok, len(payloads))

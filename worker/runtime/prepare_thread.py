@@ -20,7 +20,7 @@ import orjson
 
 from worker.batching.scheduler import Item, Scheduler
 from worker.calls import InferMessage, check_item, item_id, parse_message, plain_items
-from worker.errors import InvalidInput
+from worker.errors import MODEL_FAILURES, InvalidInput
 from worker.models.base import Model, StepModel
 from worker.runtime.deliveries import Delivery, Holdings, Pack, Refusal, ResultsToStore, ToStore
 from worker.runtime.forward import error_text
@@ -133,7 +133,7 @@ class Preparer:
             return
         try:
             model = self.models.get(call.model)
-        except Exception as exc:
+        except MODEL_FAILURES as exc:
             log.error("model %s failed to load: %s", call.model, error_text(exc))
             error = f"model {call.model!r} failed to load: {error_text(exc)}"
             self._fail(failed, delivery, range(len(call.inputs)), error)
@@ -220,7 +220,7 @@ class Preparer:
             return
         try:
             payloads, lengths = _prepared(model, checked.values)
-        except Exception as exc:
+        except MODEL_FAILURES as exc:
             self._fail(failed, delivery, positions, f"could not prepare input: {error_text(exc)}")
             return
         size = len(call.inputs)

@@ -18,6 +18,7 @@ from operator import attrgetter
 from typing import Any
 
 from worker.batching.scheduler import Batch, Item, Scheduler
+from worker.errors import MODEL_FAILURES
 from worker.models.base import FinishedSequence
 from worker.runtime.deliveries import Pack, ResultsToStore, TokenReport, ToStore
 from worker.runtime.forward import error_text, output_error, run_batch
@@ -165,7 +166,7 @@ class Runner:
             return bool(self._admitted.get(name)) or self.scheduler.waiting_for(name) > 0
         try:
             return stepping.model.running() > 0 or self.scheduler.waiting_for(name) > 0
-        except Exception as exc:
+        except MODEL_FAILURES as exc:
             self._break(name, f"its running() failed: {error_text(exc)}")
             return True
 
@@ -184,7 +185,7 @@ class Runner:
                     if item is None:
                         break
                     self._admit(stepping, item, write)
-            except Exception as exc:
+            except MODEL_FAILURES as exc:
                 self._break(name, f"admitting failed: {error_text(exc)}")
         finished = self._stepped(stepping) if name not in self._broken else []
         if name in self._broken:  # every item it holds or that waits for it ends: it serves nothing more
@@ -238,13 +239,13 @@ class Runner:
         name, model = stepping
         try:
             return list(model.step())
-        except Exception as exc:
+        except MODEL_FAILURES as exc:
             log.exception("%s: a step failed; its sequences end with the error", name)
             self._alone.pop(name, None)
             error = f"the model failed while generating: {error_text(exc)}"
             try:
                 return list(model.abort(error))
-            except Exception:
+            except MODEL_FAILURES:
                 self._break(name, f"a failed step it could not undo ({error})")
                 return []
 
@@ -270,7 +271,7 @@ class Runner:
             self._alone[stepping.name] = item
         try:
             stepping.model.admit(item, pack.payload(item.index))
-        except Exception as exc:  # it left the scheduler: ending it here is the only way it ends
+        except MODEL_FAILURES as exc:  # it left the scheduler: ending it here is the only way it ends
             log.exception("%s could not admit an item", stepping.name)
             error = f"the model could not admit the item: {error_text(exc)}"
             self._end(stepping.name, item, FinishedSequence(item, error=error), write)

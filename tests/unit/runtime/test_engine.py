@@ -7,6 +7,7 @@ cancelled job's items never run, and every message is acknowledged once, only af
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import time
 import uuid
@@ -34,6 +35,7 @@ ECHO = "tests.support.models:Echo"
 POISON = "tests.support.models:Poison"
 RECORDER = "tests.unit.runtime.test_engine:Recorder"
 STEP_FAILS = "tests.support.models:StepFails"
+EXITS = "tests.support.models:Exits"
 STEP_FAILS_NO_ABORT = "tests.support.models:StepFailsNoAbort"
 
 
@@ -418,3 +420,26 @@ def test_a_step_model_that_breaks_its_contract_ends_each_item_once_and_the_engin
     other = message(RECORDER, ["still served"])
     running.send(other)
     assert [o.output for o in running.stored(job_of(other), 1)] == ["STILL SERVED"]
+
+
+def test_a_model_that_calls_sys_exit_fails_its_item_and_the_engine_serves_on(
+    start: Callable[..., Running],
+) -> None:
+    running = start(Settings(models=[EXITS]))
+    sent = message(EXITS, ["a", "exit", "b"])
+    running.send(sent)
+    assert [(o.output, o.error) for o in running.stored(job_of(sent), 3)] == [
+        ("a", None), (None, "SystemExit: 3"), ("b", None)
+    ]  # fmt: skip
+    assert running.engine.stalled_s() == 0
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_engine_thread_stalls_the_worker_so_other_workers_take_its_work(
+    start: Callable[..., Running],
+) -> None:
+    # A stalled worker fetches nothing and stops renewing its leases (outbox.py): what it held goes to
+    # another worker, where a thread that died would hold it for good.
+    running = start(Settings(models=[EXITS]))
+    running.send(message(EXITS, ["interrupt"]))
+    wait_until(lambda: running.clock.advance(1) or running.engine.stalled_s() == math.inf)
