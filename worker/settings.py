@@ -22,6 +22,10 @@ __all__ = ["BatchingSettings", "LaneSettings", "Settings", "get_settings"]
 
 # The brokers batchwork speaks (memory: the embedded run) and, per database, the drivers it installs.
 BROKER_SCHEMES = ("redis", "rediss", "memory")
+# The longest time any setting may name: waits and periods beyond it (or infinite) would overflow the
+# clocks and timers they feed (a thread's wait, a timestamp) and stop the thread that reads them.
+DAY_S = 86_400
+DAY_MS = DAY_S * 1000
 DATABASE_DRIVERS = {"sqlite": ("pysqlite",), "postgresql": ("psycopg",)}
 _BROKER_HELP = (
     "batchwork's broker is Redis (redis://HOST:6379/0, rediss://...) or memory:// (the embedded run)"
@@ -35,11 +39,11 @@ class LaneSettings(BaseModel):
     """What a deployment sets for one priority lane of a model; unset fields keep the derived defaults
     (README, "Priority lanes")."""
 
-    model_config = ConfigDict(extra="forbid")  # a misspelt key (max_wate_ms) is refused, never ignored
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a misspelt key (max_wate_ms) too
 
     max_batch_size: int | None = Field(default=None, ge=1)
-    max_wait_ms: float | None = Field(default=None, ge=0)
-    max_delay_ms: float | None = Field(default=None, ge=0, description="starvation bound (aging)")
+    max_wait_ms: float | None = Field(default=None, ge=0, le=DAY_MS)
+    max_delay_ms: float | None = Field(default=None, ge=0, le=DAY_MS, description="starvation bound (aging)")
     max_batch_tokens: int | None = Field(default=None, ge=1, description="this lane's token budget")
 
 
@@ -48,10 +52,12 @@ class BatchingSettings(BaseModel):
     stored in); any field left unset falls back to the tuned limits, then to the model's own default. The
     pure core resolves both into one LanePolicy per lane (worker/batching/policy.py, resolve_lane)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_batch_size: int | None = Field(default=None, ge=1, description="N: flush at this many items")
-    max_wait_ms: float | None = Field(default=None, ge=0, description="T: flush when the oldest item waited")
+    max_wait_ms: float | None = Field(
+        default=None, ge=0, le=DAY_MS, description="T: flush when the oldest item waited"
+    )
     max_batch_tokens: int | None = Field(default=None, ge=1, description="cap on longest item x batch size")
     bucket_edges: list[int] | None = Field(
         default=None, description="length bucket upper bounds; [] for none"
@@ -68,7 +74,9 @@ class BatchingSettings(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="BATCHWORK_", env_nested_delimiter="__", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="BATCHWORK_", env_nested_delimiter="__", extra="ignore", allow_inf_nan=False
+    )
 
     broker_url: str = "memory://"
     database_url: str = "sqlite:///batchwork.db"
@@ -94,7 +102,7 @@ class Settings(BaseSettings):
     # onnxruntime version), made once and reused by every worker that shares the folder.
     onnx_cache_dir: Path = Field(default_factory=lambda: _cache_home() / "batchwork" / "onnx")
     # How often a worker re-reads the limits `batchwork tune --apply` stored (applied without a restart).
-    tuned_refresh_s: float = Field(default=30.0, gt=0)
+    tuned_refresh_s: float = Field(default=30.0, gt=0, le=DAY_S)
 
     # Celery task events (received / started / succeeded per message) for Flower; each is a publish.
     task_events: bool = True
@@ -110,11 +118,11 @@ class Settings(BaseSettings):
     # (high never stops). Below it, what the worker runs in 0.1 s or a few of its largest batches
     # (FetchThrottle), whichever is more, so a job spreads over every worker.
     max_held_items: int = Field(default=32768, ge=1)
-    visibility_timeout_s: int = Field(default=30, ge=4)
+    visibility_timeout_s: int = Field(default=30, ge=4, le=DAY_S)
     # After the broker restarts empty, workers wait this long before ending never-delivered items as lost.
-    lost_grace_s: float = Field(default=60.0, ge=0)
+    lost_grace_s: float = Field(default=60.0, ge=0, le=DAY_S)
     # How often a worker stores the tokens its running sequences have generated, for `batchwork status`.
-    tokens_report_s: float = Field(default=1.0, gt=0)
+    tokens_report_s: float = Field(default=1.0, gt=0, le=DAY_S)
     # client.submit splits a job into messages of this many items.
     submit_chunk_size: int = Field(default=512, ge=1)
 
@@ -133,17 +141,21 @@ class Settings(BaseSettings):
     api_max_ndjson_bytes: int = Field(default=2**30, ge=1)
     api_max_tenant_items: int = Field(default=5_000_000, ge=1)
     api_max_queue_depth: int = Field(default=20_000, ge=1)
-    api_retry_after_s: int = Field(default=10, ge=1)
+    api_retry_after_s: int = Field(default=10, ge=1, le=DAY_S)
     # The OpenAI-compatible surface: an uploaded batch file is at most this large (413 above); a synchronous
     # POST /v1/embeddings waits this long for its results, then answers 503.
     api_max_file_bytes: int = Field(default=200 * 2**20, ge=1)
-    api_embeddings_timeout_s: float = Field(default=60.0, gt=0)
+    api_embeddings_timeout_s: float = Field(default=60.0, gt=0, le=DAY_S)
     # Processes that parse and check NDJSON bodies (api/checking.py), about 90 MB each: one per CPU, at
     # most 8 by default; 0 checks in the API process itself.
     api_check_processes: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 8), ge=0, le=256)
 
-    simulated_base_ms: float = Field(default=20.0, ge=0, description="simulated model: a in a + b*n")
-    simulated_per_item_ms: float = Field(default=1.0, ge=0, description="simulated model: b in a + b*n")
+    simulated_base_ms: float = Field(
+        default=20.0, ge=0, le=DAY_MS, description="simulated model: a in a + b*n"
+    )
+    simulated_per_item_ms: float = Field(
+        default=1.0, ge=0, le=DAY_MS, description="simulated model: b in a + b*n"
+    )
 
     @field_validator("broker_url")
     @classmethod

@@ -132,3 +132,29 @@ def test_a_model_of_your_own_checks_its_options_when_its_class_resolves() -> Non
     with pytest.raises(InvalidInput, match=r"BATCHWORK_MODEL_OPTIONS: echo: max_wate_ms: unknown option"):
         model_class(echo, settings)
     assert model_class(echo, Settings(models=["noop", echo], model_options={echo: {"precision": "fp32"}}))
+
+
+@pytest.mark.parametrize(
+    ("values", "line"),
+    [
+        (
+            {"batching": {"noop": {"max_wait_ms": 1e308}}},
+            "(noop.max_wait_ms): Input should be less than or equal",
+        ),
+        (
+            {"batching": {"noop": {"max_wait_ms": float("inf")}}},
+            "(noop.max_wait_ms): Input should be a finite",
+        ),
+        ({"batching": {"noop": {"lanes": {"bulk": {"max_delay_ms": float("nan")}}}}}, "should be a finite"),
+        ({"tuned_refresh_s": float("inf")}, "BATCHWORK_TUNED_REFRESH_S: Input should be a finite number"),
+        (
+            {"visibility_timeout_s": 10**12},
+            "BATCHWORK_VISIBILITY_TIMEOUT_S: Input should be less than or equal",
+        ),
+    ],
+)
+def test_a_time_beyond_a_day_or_not_finite_is_refused_before_it_stops_a_thread(
+    values: dict[str, Any], line: str
+) -> None:
+    # An infinite wait once overflowed the run thread's timer (and a NaN compares false with every bound).
+    assert line in refusal(**values)
