@@ -107,6 +107,8 @@ def check_output_path(path: Path | None) -> None:
         raise InputFileError(f"{path}: the folder {folder} does not exist")
     if path.is_dir():
         raise InputFileError(f"{path}: is a folder, not a file")
+    if path.exists() and not path.is_file():  # the output replaces it whole: /dev/null would be a file after
+        raise InputFileError(f"{path}: is not a regular file; leave -o out to write to standard output")
     if path.exists() and not os.access(path, os.W_OK):
         raise InputFileError(f"{path}: the file is not writable")
     try:
