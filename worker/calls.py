@@ -157,7 +157,7 @@ def new_job(job_id: str, kwargs: Mapping[str, Any], settings: Settings) -> NewJo
         job_id=job_id,
         model=model,
         inputs=inputs,
-        priority=_priority(kwargs.get("priority")),
+        priority=priority_of(kwargs.get("priority")),
         total=len(inputs),
         expires_at=expiry(kwargs.get("deadline_s")),
         created_at=time.time(),
@@ -183,7 +183,7 @@ def parse_message(task_id: str, kwargs: object, settings: Settings) -> InferMess
         job_id=job_id_of(kwargs.get("job_id", task_id), "job_id" if "job_id" in kwargs else "the task id"),
         model=model,
         inputs=inputs,
-        priority=_priority(kwargs.get("priority")),
+        priority=priority_of(kwargs.get("priority")),
         offset=offset,
         total=total,
         expires_at=_unix_time(kwargs.get("expires_at"), "expires_at"),
@@ -337,7 +337,8 @@ def _inputs(value: object, settings: Settings) -> list[Any]:
     return list(value)
 
 
-def _priority(value: object) -> str:
+def priority_of(value: object) -> str:
+    """A call's priority (normal when none is given), or InvalidInput naming the ones there are."""
     if value is None:
         return "normal"
     if value not in PRIORITIES:

@@ -18,7 +18,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from worker.calls import NewJob
+from worker.calls import NewJob, priority_of
 from worker.cli.base import console, make_client
 from worker.jsonl import BOM, InputFileError, check_output_path, output
 from worker.openai_compat.batchfile import BatchPlan, StoredResults, answer_lines, plan_batch
@@ -45,6 +45,7 @@ def run_openai_batch(
     input_path: Path, output_path: Path | None, errors_path: Path | None, priority: str
 ) -> None:
     settings = get_settings()
+    priority = priority_of(priority)  # the -m path checks it in new_job; this one makes its NewJob itself
     check_output_path(output_path)
     check_output_path(errors_path)
     if not is_openai_batch(input_path):

@@ -153,6 +153,20 @@ def test_user_text_is_printed_as_text_not_markup_or_emoji(
     assert "🅱" not in line
 
 
+@pytest.mark.parametrize("model", [["-m", "noop"], []])  # the plain run, and an OpenAI batch file's
+def test_a_priority_that_is_no_lane_is_refused_before_anything_runs(tmp_path: Path, model: list[str]) -> None:
+    line = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/embeddings",
+        "body": {"model": "noop", "input": "x"},
+    }
+    (tmp_path / "in.jsonl").write_text(json.dumps(line if not model else {"text": "x"}) + "\n")
+    done = batchwork(tmp_path, "run", "in.jsonl", *model, "-o", "out.jsonl", "-p", "urgent", timeout_s=60)
+    one_line_error(done, "argument 'priority' must be one of high, normal, bulk, not 'urgent'")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
     (tmp_path / "in.jsonl").write_bytes(b"\xef\xbb\xbf" + EXAMPLE.read_bytes())
     done = batchwork(tmp_path, "run", "in.jsonl", "-m", "noop", "-o", "out.jsonl", timeout_s=120)
