@@ -101,7 +101,10 @@ class _Run:
 
     def start(self, restart: bool, embedded: bool) -> None:
         self.interrupts.install()
-        previous = None if self.state is None or restart else self.state.previous()
+        previous = None if self.state is None else self.state.previous()
+        if restart and previous is not None:
+            self._drop(previous.job_id)
+            previous = None
         if previous is not None and self._resumable(previous.job_id):
             self.call = replace(self.call, job_id=previous.job_id)
             written = self.out.open(resume=True)
@@ -121,6 +124,14 @@ class _Run:
         if previous is not None:
             job.resume_from(written, previous.published, embedded)
         self._follow(job, self.call.total - written)
+
+    def _drop(self, job_id: str) -> None:
+        """--restart: the killed run's job is cancelled, not left unfinished (its messages still queued)."""
+        try:
+            if self.client.cancel(job_id):
+                console.print(Text(f"cancelled job {job_id} of the earlier run"))
+        except JobNotFound:
+            pass
 
     def _resumable(self, job_id: str) -> bool:
         from worker.store.values import JobState  # lazily: the store's package loads SQLAlchemy

@@ -344,7 +344,13 @@ class JobRun:
         size = self.client.settings.submit_chunk_size
         until = time.monotonic() + STEP_S
         while not self.inputs.exhausted and self.inputs.next - self.written < self.window:
-            start, items = self.inputs.take(min(size, self.call.total - self.inputs.next))
+            try:
+                start, items = self.inputs.take(min(size, self.call.total - self.inputs.next))
+            except InputFileError as exc:  # it was checked whole before any work: it changed since
+                self.client.cancel(self.call.job_id)
+                raise InputFileError(
+                    f"{exc}; {self.path} changed while it ran: the job {self.call.job_id} is cancelled"
+                ) from None
             if self.inputs.next >= self.call.total:
                 self.inputs.exhausted = True
             elif self.inputs.exhausted:
@@ -357,7 +363,9 @@ class JobRun:
                 sent = True
             if time.monotonic() > until:
                 break
-        if sent and self.state is not None and time.monotonic() >= self._next_save:
+        # Saved at least every SAVE_EVERY_S, and once the last part is sent: a successor sends only the rest.
+        due = time.monotonic() >= self._next_save or self.inputs.exhausted
+        if sent and self.state is not None and due:
             self.state.published = self.inputs.next
             self.state.save()
             self._next_save = time.monotonic() + SAVE_EVERY_S

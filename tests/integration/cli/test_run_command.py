@@ -196,6 +196,24 @@ def test_a_killed_run_continues_its_job_and_writes_every_line_once(
     assert again.job_id() != job_id and "continuing" not in again.stderr
 
 
+def test_a_restarted_run_cancels_the_job_its_killed_run_left(
+    tmp_path: Path, sqlite_store: ResultStore
+) -> None:
+    write_input(tmp_path / "in.jsonl", 200)
+    args = ("in.jsonl", "-m", "simulated", "-o", "out.jsonl")
+    first = Run(tmp_path, embedded_env(**SLOW), *args)
+    job_id = first.job_id()
+    wait_for_progress(sqlite_store, job_id, 1)
+    first.proc.kill()
+    first.wait()
+    again = Run(tmp_path, embedded_env(), *args, "--restart")
+    assert again.wait(300) == 0, again.stderr
+    assert f"cancelled job {job_id} of the earlier run" in again.stderr
+    assert again.job_id() != job_id
+    left = sqlite_store.status(job_id)
+    assert left is not None and left.state == "cancelled"  # not running for good
+
+
 @pytest.mark.slow
 def test_a_killed_distributed_run_does_not_resubmit_what_was_accepted(
     tmp_path: Path, redis_url: str, pg_url: str, pg_store: ResultStore
