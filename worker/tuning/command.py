@@ -14,7 +14,7 @@ from rich.console import Console
 
 from worker.models.base import InvalidInput, Model, StepModel
 from worker.models.precision import UnsupportedPrecision
-from worker.settings import Settings
+from worker.settings import DAY_S, Settings
 from worker.tuning import report
 from worker.tuning.choice import choose
 from worker.tuning.curve import Point
@@ -205,8 +205,8 @@ def run_command(
 
     from worker.settings import get_settings
 
-    if point_s <= 0:
-        raise TuneError("--point-s must be above 0")
+    if not 0 < point_s <= DAY_S:  # NaN and infinity too
+        raise TuneError(f"--point-s must be above 0 and at most {DAY_S} (a day)")
     from worker.tuning.backends import parse_backends
 
     if from_history and (apply or precisions or backends):

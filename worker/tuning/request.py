@@ -11,7 +11,7 @@ from worker.errors import UsageError
 from worker.models.base import InvalidInput, Model
 from worker.models.precision import PRECISIONS
 from worker.models.registry import model_class
-from worker.settings import Settings
+from worker.settings import DAY_MS, Settings
 from worker.tuning.measure import Pacing
 
 
@@ -59,8 +59,8 @@ def parse_precisions(text: str | None) -> tuple[str, ...]:
 
 
 def check_request(request: TuneRequest, settings: Settings) -> type[Model]:
-    if request.max_batch_ms <= 0:
-        raise TuneError("--max-batch-ms must be above 0")
+    if not 0 < request.max_batch_ms <= DAY_MS:  # so, too, never NaN nor infinite (each compares false)
+        raise TuneError(f"--max-batch-ms must be above 0 and at most {DAY_MS} (a day)")
     if not 0 < request.memory_fraction <= 1:
         raise TuneError("--memory-fraction must be above 0 and at most 1")
     if request.max_n < 1:

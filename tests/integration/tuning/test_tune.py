@@ -177,6 +177,8 @@ def test_from_history_recovers_a_and_b_from_stored_batches(db_url) -> None:
     ("args", "message"),
     [
         (["--max-batch-ms", "0"], "--max-batch-ms must be above 0"),
+        (["--max-batch-ms", "nan"], "--max-batch-ms must be above 0 and at most"),  # NaN passed "<= 0"
+        (["--point-s", "inf"], "--point-s must be above 0 and at most"),
         (["--max-batch-ms", "abc"], "Invalid value for '--max-batch-ms'"),
         (["--memory-fraction", "1.5"], "--memory-fraction"),
         (["--lengths", "16,x"], "--lengths must be"),
