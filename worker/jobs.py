@@ -16,11 +16,11 @@ from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from worker.bounds import check_json, is_job_id
-from worker.errors import JobNotFound, NoWorker
+from worker.bounds import check_json, is_count, is_job_id, unstorable
+from worker.errors import InvalidInput, JobNotFound, NoWorker
 from worker.models.registry import model_class
 from worker.settings import Settings, get_settings
-from worker.store.api_keys import DEFAULT_TENANT
+from worker.store.api_keys import DEFAULT_TENANT, TENANT_PATTERN
 from worker.store.ports import JobRecords
 from worker.store.values import ItemRecord, JobSpec, JobState, JobStatus
 
@@ -116,8 +116,12 @@ class Jobs:
     def record(self, call: NewJob, *, tenant: str = DEFAULT_TENANT, metadata: Any = None) -> bool:
         """Record the job of a checked call in SQL (``call.total`` items), before any of it is published, for
         a producer that publishes it in parts (``batchwork run``, the API's NDJSON); False when it existed.
-        InvalidInput for metadata the store could not keep."""
+        InvalidInput for metadata the store could not keep, or a tenant that is no tenant's name."""
         check_json(metadata, "metadata")
+        if not isinstance(tenant, str) or not TENANT_PATTERN.fullmatch(tenant):  # as API keys' tenants are
+            raise InvalidInput(
+                f"tenant {tenant!r:.80}: use 1-64 of a-z, 0-9, '_', '.', '-' (a letter or digit first)"
+            )
         spec = JobSpec(call.job_id, call.model, call.priority, call.total)
         return self.records.create_job(spec, create_schema=True, tenant=tenant, metadata=metadata)
 
@@ -223,7 +227,8 @@ class Jobs:
         it so and stores its items as cancelled. ``unfinished``: items ``(index, user id)`` to store as
         cancelled now, each unless it already has an outcome, for a producer that stops its own job
         (``batchwork run`` on Ctrl-C): the store then holds every item, and a result that arrives later is
-        not stored, so it never disagrees with what the producer wrote.
+        not stored, so it never disagrees with what the producer wrote. InvalidInput for an index that is
+        not the job's, or an id that is no storable string.
         """
         status = self.status(job_id, tenants)
         spec = JobSpec(job_id, status.model, status.priority, status.total)
@@ -236,7 +241,11 @@ class Jobs:
 
     def _store_cancelled(self, spec: JobSpec, items: Iterable[tuple[int, str | None]]) -> None:
         group: list[ItemRecord] = []
-        for index, item_id in items:
+        for index, item_id in items:  # checked one by one: a run's Ctrl-C may name millions
+            if not is_count(index) or index >= spec.total:
+                raise InvalidInput(f"unfinished: {index!r:.40} is no item index of job {spec.job_id}")
+            if item_id is not None and (not isinstance(item_id, str) or unstorable(item_id) is not None):
+                raise InvalidInput(f"unfinished: item {index}'s id {item_id!r:.40} is not a storable string")
             group.append(ItemRecord(spec.job_id, index, item_id, error="cancelled"))
             if len(group) >= CANCEL_GROUP:
                 self.records.write_batch(None, group, [spec])

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.memory_store import MemoryStore
 from worker.calls import NewJob
-from worker.errors import BrokerUnavailable, JobNotFound
+from worker.errors import BrokerUnavailable, InvalidInput, JobNotFound
 from worker.jobs import Jobs
 from worker.settings import Settings
 from worker.store.catalog import JobPage, decode_cursor, encode_cursor
@@ -190,6 +190,30 @@ def test_a_producer_cancelling_its_own_job_stores_its_unfinished_items(
         (1, "cancelled"),
         (2, "cancelled"),
     ]
+
+
+@pytest.mark.parametrize(
+    "unfinished",
+    [[(3, None)], [(-1, None)], [("1", None)], [(True, None)], [(1, "a\x00")], [(1, 5)]],
+)
+def test_unfinished_items_that_are_not_the_job_s_are_refused_and_none_is_stored(
+    jobs: Jobs, unfinished: list[Any]
+) -> None:
+    call = a_call(total=3)
+    jobs.enqueue(call)
+    with pytest.raises(InvalidInput, match="^unfinished: "):
+        jobs.cancel(call.job_id, unfinished=unfinished)
+    assert list(jobs.results(call.job_id)) == []  # the cancel itself stands: it was asked for
+
+
+@pytest.mark.parametrize("tenant", ["", "Acme", "a\x00", "x" * 65, 5, "-x"])
+def test_a_tenant_that_is_no_tenant_name_is_refused_before_the_job_is_recorded(
+    jobs: Jobs, store: MemoryStore, tenant: Any
+) -> None:
+    call = a_call()
+    with pytest.raises(InvalidInput, match="^tenant .*: use 1-64 of a-z"):
+        jobs.enqueue(call, tenant=tenant)
+    assert store.status(call.job_id) is None
 
 
 class Untouchable:
