@@ -82,7 +82,10 @@ def _read_lines(path: Path) -> list[bytes]:
 
 
 def _serve_named_checkpoints(lines: list[bytes], settings: Settings) -> None:
-    """The embedded run serves ``KIND:/dir`` models named by the file's lines (its own process only)."""
+    """The embedded run serves ``KIND:/dir`` models named by the file's lines (its own process only), each
+    directory checked first."""
+    from worker.models.registry import check_checkpoints
+
     names: set[str] = set()
     for raw in lines:
         try:
@@ -93,6 +96,7 @@ def _serve_named_checkpoints(lines: list[bytes], settings: Settings) -> None:
             names.add(model)
     for name in sorted(names):
         settings.serve_checkpoint(name)
+        check_checkpoints(settings, only=name)  # before any work, as for -m: one line, exit 2
 
 
 def _run(

@@ -153,6 +153,9 @@ def _check_tokenizer(model_dir: Path, label: str) -> None:
         Tokenizer.from_file(str(path))
     except Exception as exc:  # the Rust parser's errors have no common Python type
         raise CheckpointError(f"{label}: tokenizer.json is corrupt ({_first_line(exc)})") from None
+    for extra in ("tokenizer_config.json", "special_tokens_map.json"):  # read by AutoTokenizer at load
+        if (model_dir / extra).is_file():
+            read_json(model_dir / extra, label)
 
 
 def embed_layout(directory: Path, label: str) -> EncoderLayout:

@@ -167,6 +167,16 @@ def test_a_priority_that_is_no_lane_is_refused_before_anything_runs(tmp_path: Pa
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_an_openai_batch_file_naming_a_missing_checkpoint_is_refused_before_any_work(tmp_path: Path) -> None:
+    body = {"model": "embed:/no/such/dir", "input": "x"}
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": body}
+    (tmp_path / "in.jsonl").write_text(json.dumps(line) + "\n")
+    one_line_error(
+        batchwork(tmp_path, "run", "in.jsonl", "-o", "out.jsonl", timeout_s=60), "no such directory"
+    )
+    assert not (tmp_path / "batchwork.db").exists()  # nothing ran, as with -m embed:/no/such/dir
+
+
 def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
     (tmp_path / "in.jsonl").write_bytes(b"\xef\xbb\xbf" + EXAMPLE.read_bytes())
     done = batchwork(tmp_path, "run", "in.jsonl", "-m", "noop", "-o", "out.jsonl", timeout_s=120)

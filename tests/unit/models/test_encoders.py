@@ -316,6 +316,9 @@ def test_refused_missing_or_truncated_weights(root: Path, good: Path) -> None:
 
 
 def test_refused_missing_or_corrupt_tokenizer(root: Path, good: Path) -> None:
+    (good / "tokenizer_config.json").write_text("{bad")  # AutoTokenizer reads it too: refused before any work
+    assert "tokenizer_config.json is not valid JSON" in refusal(root, f"classify:{good}")
+    (good / "tokenizer_config.json").unlink()
     (good / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Nope"}}')
     assert "tokenizer.json is corrupt" in refusal(root, f"classify:{good}")
     (good / "tokenizer.json").unlink()
