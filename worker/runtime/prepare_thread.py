@@ -144,7 +144,16 @@ class Preparer:
 
     def _parse(self, delivery: Delivery) -> InferMessage | None:
         try:
-            args, kwargs, _embed = _decoded(delivery.message)
+            body = _decoded(delivery.message)
+        except (
+            Exception
+        ) as exc:  # orjson's, or kombu's own (a content type it does not accept): no common type
+            self.results.put(
+                Refusal(delivery, f"invalid message: its body cannot be read: {error_text(exc)}"[:2000])
+            )
+            return None
+        try:
+            args, kwargs, _embed = body
             if args:
                 raise InvalidInput("infer takes keyword arguments only")
             return parse_message(delivery.task_id, kwargs, self.settings)

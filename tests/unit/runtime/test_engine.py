@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 import redis
+from kombu.exceptions import ContentDisallowed
 
 from tests.support.memory_store import MemoryStore, MemoryTunedLimits
 from worker.broker.keys import Keys
@@ -244,6 +245,30 @@ def test_a_message_that_is_no_call_fails_its_own_job_and_is_acknowledged(
     job = running.store.jobs[job_id]
     assert job.state == "failed" and job.error is not None and "no-such-model" in job.error
     assert running.store.outcomes == {}
+
+
+class PickledMessage(FakeMessage):
+    """A body in a content type the worker does not accept: kombu refuses to decode it (never unpickles)."""
+
+    content_type = "application/x-python-serialize"
+
+    def decode(self) -> Any:
+        raise ContentDisallowed("Refusing to deserialize untrusted content of type pickle")
+
+
+def test_a_message_in_a_content_type_not_accepted_fails_its_own_job_saying_so(
+    start: Callable[..., Running],
+) -> None:
+    running = start()
+    sent = PickledMessage({}, task_id=str(uuid.uuid4()))
+    running.send(sent)
+    wait_until(lambda: sent.acks == 1)
+    job = running.store.jobs[sent.headers["id"]]
+    assert (job.state, job.error) == (
+        "failed",
+        "invalid message: its body cannot be read: ContentDisallowed: Refusing to deserialize untrusted "
+        "content of type pickle",
+    )
 
 
 def test_explicit_settings_go_over_tuned_limits_in_the_worker(start: Callable[..., Running]) -> None:
