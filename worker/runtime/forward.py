@@ -49,23 +49,46 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def output_error(output: Any) -> str | None:
-    """Why ``output`` cannot be an item's stored output, if it cannot: None, or a float NaN or infinity
-    (numpy's too), which JSON has no word for: orjson writes null, and the item would read as neither
-    answered nor failed. (A NaN inside a list or an object is written as null, unchecked: a walk of every
-    output would cost more than the batch's storing.)"""
+    """Why ``output`` cannot be an item's stored output, if it cannot: None, or a NaN or an infinity at its
+    top or in a flat vector of numbers (a list, a numpy array: an embedding), which JSON has no word for:
+    orjson writes null, and the item would read as neither answered nor failed, or a vector as nulls.
+    (Deeper, in an object or a list of lists, it is written as null, unchecked: a walk of every output
+    would cost more than storing it.)"""
     if output is None:
         return NO_OUTPUT
-    if type(output) in _float_types() and not math.isfinite(output):
-        return f"the model returned {float(output)} for this item, which JSON cannot hold"
-    return None
+    kind = type(output)
+    if kind in _float_types():
+        finite = math.isfinite(output)
+    elif kind is list or kind is tuple:
+        finite = _finite_numbers(output)
+    elif kind.__name__ == "ndarray" and output.dtype.kind in "fc":
+        finite = bool(sys.modules["numpy"].isfinite(output).all())
+    else:
+        return None
+    if finite:
+        return None
+    shown = f"{float(output)}" if kind in _float_types() else "a vector holding NaN or infinity"
+    return f"the model returned {shown} for this item, which JSON cannot hold"
 
 
 def output_errors(outputs: Sequence[Any]) -> list[str | None]:
-    """``output_error`` of each output, in one pass of type checks while none is suspect."""
-    suspects = {type(None), *_float_types()}
+    """``output_error`` of each output, in one pass of type checks while none is suspect (a noop's int)."""
+    suspects = {type(None), list, tuple, *_float_types()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        suspects.add(numpy.ndarray)
     if not any(type(output) in suspects for output in outputs):
         return [None] * len(outputs)
     return list(map(output_error, outputs))
+
+
+def _finite_numbers(values: list[Any] | tuple[Any, ...]) -> bool:
+    """False only for a list of numbers holding a NaN or an infinity: their sum is then NaN or infinite (a
+    loop in C), and only then is each one checked (a sum of huge finite numbers may overflow alone)."""
+    try:
+        return math.isfinite(sum(values)) or all(map(math.isfinite, values))
+    except (TypeError, OverflowError):  # not all numbers (or an int no float holds): not checked here
+        return True
 
 
 def _float_types() -> set[type]:

@@ -22,3 +22,20 @@ def test_a_batch_of_plain_outputs_is_kept_as_it_came() -> None:
     outputs = [[0.5] * 4, {"label": "a"}, "text", 0]
     report = run_batch(lambda payloads: outputs, [0, 1, 2, 3])
     assert report.outputs == outputs and report.errors == [None] * 4
+
+
+def test_a_vector_holding_nan_or_infinity_is_that_item_s_error() -> None:
+    # An embedding gone wrong (an fp16 overflow) would be stored as a row of nulls: refused, row by row.
+    rows = np.array([[0.5, 0.25], [np.nan, 1.0], [1.0, np.inf]], dtype=np.float32)
+    outputs: list[object] = [
+        *rows,
+        [0.5, math.nan],
+        (1e308, 1e308),
+        [1, "a", None],
+        [10**400, 1.5],
+        [[math.nan]],
+    ]
+    report = run_batch(lambda payloads: outputs, list(range(len(outputs))))
+    vector = "the model returned a vector holding NaN or infinity for this item, which JSON cannot hold"
+    # A sum that overflows alone (1e308 twice) is finite item by item; a list of lists is not looked into.
+    assert report.errors == [None, vector, vector, vector, None, None, None, None]
