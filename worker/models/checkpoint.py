@@ -71,9 +71,11 @@ def checked_directory(directory: str, kind: str) -> Path:
     return path
 
 
-def check_hf_model(model_dir: Path, label: str, *, classifier: bool) -> dict[str, Any]:
+def check_hf_model(
+    model_dir: Path, label: str, *, classifier: bool, fast_tokenizer: bool = True
+) -> dict[str, Any]:
     """The model's config.json after checking it needs no remote code, names a known architecture, and that
-    its weights and fast tokenizer are there and readable."""
+    its weights and (``fast_tokenizer``) its fast tokenizer are there and readable."""
     config = read_json(model_dir / "config.json", label)
     if not isinstance(config, dict):
         raise CheckpointError(f"{label}: config.json is not a JSON object")
@@ -90,7 +92,8 @@ def check_hf_model(model_dir: Path, label: str, *, classifier: bool) -> dict[str
     if classifier:
         _check_classifier_config(config, label)
     _check_weights(model_dir, label)
-    _check_tokenizer(model_dir, label)
+    if fast_tokenizer:
+        _check_tokenizer(model_dir, label)
     return config
 
 

@@ -21,11 +21,11 @@ from tests.integration.tiny_causal_lm import ARCHITECTURES, CONTEXT, tiny_checkp
 from tests.integration.tiny_gpt2 import tiny_gpt2  # noqa: F401
 from tests.support.batched_runs import Request, run_continuous
 from worker.batching.sequences import RetiredSequence
-from worker.errors import InvalidInput
+from worker.errors import InvalidInput, SetupError
 from worker.models.base import FinishedSequence
 from worker.models.causal_lm import CausalLM
 from worker.models.causal_lm.inputs import Prompt
-from worker.models.registry import model_class
+from worker.models.registry import check_checkpoints, model_class
 from worker.settings import Settings
 
 ITEMS: list[dict[str, Any]] = [
@@ -220,6 +220,9 @@ def test_a_bad_checkpoint_is_one_line_naming_the_path(make: str, tmp_path: Path)
     with pytest.raises((RuntimeError, FileNotFoundError)) as raised:
         model_class(entry, settings)(settings).load("cpu")
     assert str(directory) in str(raised.value) and "\n" not in str(raised.value)
+    with pytest.raises(SetupError) as refused:  # and before any work: a worker's start, `batchwork run`
+        check_checkpoints(settings)
+    assert str(refused.value).startswith(f"{entry}: ") and "\n" not in str(refused.value)
 
 
 def test_after_a_step_fails_every_sequence_ends_with_the_error_and_the_next_are_right(

@@ -86,6 +86,18 @@ class CausalLM(StepModel):
         return cls.checkpoint
 
     @classmethod
+    def check_checkpoint(cls) -> object:
+        """The entry's directory, its config.json (no remote code, a model type transformers knows) and its
+        weights, read without loading them: one line before any work (a slow tokenizer is let be)."""
+        if not cls.checkpoint:  # gpt2 names its directory in its options: checked as it loads
+            return None
+        from worker.models.checkpoint import check_hf_model, checked_directory
+
+        label = f"generate:{cls.checkpoint}"
+        return check_hf_model(checked_directory(cls.checkpoint, "generate"), label, classifier=False,
+                              fast_tokenizer=False)  # fmt: skip
+
+    @classmethod
     def checkpoint_dir(cls, settings: Settings) -> Path:
         """The checkpoint directory, or one line naming the path and what it lacks."""
         setting = cls.checkpoint_path(settings)
