@@ -8,6 +8,9 @@ named by path so that producers never import it.
 
 from __future__ import annotations
 
+from functools import cached_property
+from typing import Any
+
 from celery import Celery
 from kombu import Queue
 
@@ -30,8 +33,15 @@ def transport_options(settings: Settings) -> dict[str, object]:
     }
 
 
+class BatchworkCelery(Celery):  # type: ignore[misc]  # celery ships no types
+    @cached_property
+    def AsyncResult(self) -> Any:  # noqa: N802  (Celery's name)
+        """Results whose ``revoke()`` cancels the job (worker/celery_results.py), imported when first used."""
+        return self.subclass_with_self("worker.celery_results:JobResult")
+
+
 def create_app(settings: Settings) -> Celery:
-    app = Celery("batchwork", broker=settings.broker_url, include=["worker.tasks"])
+    app = BatchworkCelery("batchwork", broker=settings.broker_url, include=["worker.tasks"])
     keys = Keys.of(settings)
     app.conf.update(
         task_serializer="json",

@@ -12,7 +12,8 @@ Celery's:
   its loop installs), and the consumer's ``task_consumer``, ``hub`` and ``event_dispatcher`` attributes.
 - Task events: ``EventDispatcher._publish`` of a "task.multi" list, with the dispatcher's ``groups``,
   ``mutex``, ``producer``, ``serializer`` and its outbound buffer's ``flush``.
-- Results: ``BaseBackend._get_task_meta_for`` and the meta dict it returns.
+- Results: ``BaseBackend._get_task_meta_for`` and the meta dict it returns; ``AsyncResult.revoke``'s
+  signature.
 
 kombu's:
 - The Redis transport (worker/broker/transport.py builds on these classes): ``Channel._brpop_start`` and
@@ -39,6 +40,7 @@ from typing import Any
 import orjson
 from celery import Task
 from celery.backends.base import BaseBackend
+from celery.result import AsyncResult
 from kombu.serialization import registry
 from kombu.transport import memory
 from kombu.transport import redis as kombu_redis
@@ -199,6 +201,21 @@ class ReadOnlyBackend(BaseBackend):
 
     def task_meta(self, task_id: str) -> dict[str, Any]:
         """The task's state as ``meta`` makes it."""
+        raise NotImplementedError
+
+
+# ``AsyncResult.revoke`` broadcasts a revoke that only Celery's own task handling reads, which batchwork's
+# workers bypass (``deliver_directly``): a result class whose ``revoke``, with Celery's signature, cancels.
+
+
+class CancellingResult(AsyncResult):  # type: ignore[misc]  # celery ships no types
+    """Celery's AsyncResult whose ``revoke()`` calls ``cancel(task_id)``, which a subclass defines."""
+
+    def revoke(self, connection: Any = None, terminate: bool = False, signal: Any = None, wait: bool = False,
+               timeout: float | None = None) -> None:  # fmt: skip
+        self.cancel(self.id)
+
+    def cancel(self, task_id: str) -> None:
         raise NotImplementedError
 
 

@@ -3,17 +3,19 @@
 
 A job maps to Celery's states: queued PENDING, running STARTED, succeeded SUCCESS (the outputs in input
 order), failed or partial FAILURE (a JobFailed naming the failed items, which still carries every output),
-cancelled REVOKED. Workers never write through this backend: results go to SQL with their batch.
+cancelled REVOKED. ``r.revoke()`` cancels the job (``JobResult``). Workers never write through this
+backend: results go to SQL with their batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import Any
 
 from celery import states
 
-from worker.celery_compat import ReadOnlyBackend, meta
+from worker.celery_compat import CancellingResult, ReadOnlyBackend, meta
 from worker.errors import JobFailed, JobNotFound
 from worker.store.values import JobState
 
@@ -71,3 +73,15 @@ def _failure(task_id: str, total: int, results: Any) -> JobFailed:
     if missing > 0:
         message += f"; {missing} have no result"
     return JobFailed(message, outputs, errors)
+
+
+class JobResult(CancellingResult):  # type: ignore[misc]  # celery ships no types
+    """Celery's AsyncResult of a batchwork job: ``revoke()`` cancels the job in the store, as
+    ``client.cancel`` does. Waiting items end ``cancelled``; ``terminate`` cannot stop a batch already
+    running, which finishes and is stored."""
+
+    def cancel(self, task_id: str) -> None:
+        from worker.client import default_client
+
+        with contextlib.suppress(JobNotFound):  # as Celery's revoke of an unknown id: nothing to stop
+            default_client().cancel(task_id)

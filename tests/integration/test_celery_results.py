@@ -34,6 +34,17 @@ def test_state_ready_and_get_read_the_store(producer: dict[str, str], pg_store: 
         assert isinstance(broken.get(timeout=5, propagate=False), JobFailed)
 
 
+def test_revoke_cancels_the_job(producer: dict[str, str], pg_store: ResultStore) -> None:
+    from worker.tasks import infer
+
+    waiting = infer.delay(model="simulated", inputs=["abc", "de"])  # no worker: it waits in the queue
+    waiting.revoke()
+    assert waiting.state == states.REVOKED
+    status = pg_store.status(waiting.id)
+    assert status is not None and status.state == "cancelled"
+    infer.AsyncResult("00000000-0000-4000-8000-000000000000").revoke()  # no such job: nothing to stop
+
+
 def test_an_unknown_id_is_pending_as_in_celery(producer: dict[str, str]) -> None:
     from worker.tasks import infer
 

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import pytest
 from celery import Celery, Task, states
+from celery.result import AsyncResult
 from kombu import Connection
 from kombu.asynchronous import Hub
 from kombu.message import Message
@@ -30,6 +31,7 @@ from kombu.transport import redis as kombu_redis
 
 from worker.celery_compat import (
     AFTER_TASKS_AND_EVENTS,
+    CancellingResult,
     FanoutPoller,
     HeldQoS,
     ReadOnlyBackend,
@@ -406,6 +408,18 @@ def test_celery_results_async_result_reads_task_meta() -> None:
         running = app.AsyncResult("running", backend=backend)
         assert running.state == states.STARTED and not running.ready()
         assert app.AsyncResult("unknown", backend=backend).state == states.PENDING
+
+    cancelled: list[str] = []
+
+    class Recording(CancellingResult):
+        def cancel(self, task_id: str) -> None:
+            cancelled.append(task_id)
+
+    with seam("results", "celery", "AsyncResult.revoke's signature, and subclass_with_self"):
+        parameters = list(inspect.signature(AsyncResult.revoke).parameters)
+        assert parameters == ["self", "connection", "terminate", "signal", "wait", "timeout"]
+        app.subclass_with_self(Recording)("job-1").revoke(terminate=True)
+        assert cancelled == ["job-1"]
 
 
 # -- kombu: the in-memory transport ---------------------------------------------------------------------
