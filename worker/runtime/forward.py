@@ -11,6 +11,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from worker.bounds import storable
@@ -56,8 +57,8 @@ def output_error(output: Any) -> str | None:
     would cost more than storing it.)"""
     if output is None:
         return NO_OUTPUT
-    kind = type(output)
-    if kind in _float_types():
+    kind, floats = type(output), _float_types()
+    if kind in floats:
         finite = math.isfinite(output)
     elif kind is list or kind is tuple:
         finite = _finite_numbers(output)
@@ -67,7 +68,7 @@ def output_error(output: Any) -> str | None:
         return None
     if finite:
         return None
-    shown = f"{float(output)}" if kind in _float_types() else "a vector holding NaN or infinity"
+    shown = f"{float(output)}" if kind in floats else "a vector holding NaN or infinity"
     return f"the model returned {shown} for this item, which JSON cannot hold"
 
 
@@ -91,9 +92,14 @@ def _finite_numbers(values: list[Any] | tuple[Any, ...]) -> bool:
         return True
 
 
-def _float_types() -> set[type]:
-    numpy = sys.modules.get("numpy")  # never imported here: a model that made a numpy float imported it
-    return {float} if numpy is None else {float, numpy.float16, numpy.float32, numpy.float64}
+def _float_types() -> frozenset[type]:
+    # Never imported here: a model that made a numpy float imported numpy. Made once per module, not per item.
+    return _floats_of(sys.modules.get("numpy"))
+
+
+@cache
+def _floats_of(numpy: Any) -> frozenset[type]:
+    return frozenset({float} if numpy is None else {float, numpy.float16, numpy.float32, numpy.float64})
 
 
 def run_batch(

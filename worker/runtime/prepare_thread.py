@@ -145,12 +145,9 @@ class Preparer:
     def _parse(self, delivery: Delivery) -> InferMessage | None:
         try:
             body = _decoded(delivery.message)
-        except (
-            Exception
-        ) as exc:  # orjson's, or kombu's own (a content type it does not accept): no common type
-            self.results.put(
-                Refusal(delivery, f"invalid message: its body cannot be read: {error_text(exc)}"[:2000])
-            )
+        except Exception as exc:  # orjson's or kombu's (a content type it refuses): no common type
+            reason = f"invalid message: its body cannot be read: {error_text(exc)}"
+            self.results.put(Refusal(delivery, reason[:2000]))
             return None
         try:
             args, kwargs, _embed = body
